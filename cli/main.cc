@@ -1,0 +1,19 @@
+// strata: one binary, one subcommand per process kind or tool (ARCHITECTURE.md §1).
+#include <CLI/CLI.hpp>
+#include <iostream>
+
+#include "cli/commands.h"
+#include "common/build_info.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"Strata: a KV-cache-centric, disaggregated LLM serving system", "strata"};
+  app.set_version_flag("--version,-V", std::string("strata ") + strata::kVersion);
+  app.require_subcommand(1);
+  app.fallthrough();
+
+  strata::cli::RegisterConfigCommand(app);
+  strata::cli::RegisterInfoCommand(app);
+
+  CLI11_PARSE(app, argc, argv);
+  return 0;
+}
