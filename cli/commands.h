@@ -1,10 +1,21 @@
-// Subcommands of the `strata` binary. Each lives in its own file and registers itself on the
-// root CLI11 app; main.cc only calls the Register functions.
+// Subcommands of the `strata` binary. Each lives in its own file (cli/<name>_command.cc, or in
+// its module) and registers itself on the root CLI11 app; main.cc only calls the Register
+// functions, in the order they appear in --help.
+//
+// Groups shared by several modules: `strata bench <what>` and `strata admin <what>`. Modules
+// add their commands under BenchGroup(app) / AdminGroup(app).
 #pragma once
 
 #include <CLI/CLI.hpp>
 
 namespace strata::cli {
+
+// The `bench` and `admin` parent commands (created on first use).
+CLI::App& BenchGroup(CLI::App& app);
+CLI::App& AdminGroup(CLI::App& app);
+
+// Exit code for a failed command: print `message` to stderr and make main() return `code`.
+[[noreturn]] void Fail(int code, const std::string& message);
 
 void RegisterConfigCommand(CLI::App& app);  // strata config print
 void RegisterInfoCommand(CLI::App& app);    // strata info

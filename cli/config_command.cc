@@ -4,6 +4,7 @@
 
 #include "cli/commands.h"
 #include "cli/strata_config.h"
+#include "common/strings.h"
 
 namespace strata::cli {
 
@@ -23,8 +24,7 @@ void RegisterConfigCommand(CLI::App& app) {
     config.Register(schema);
     if (absl::Status st = schema.Load({.file = flags->file, .overrides = flags->overrides});
         !st.ok()) {
-      std::cerr << "strata: config: " << st.message() << "\n";
-      throw CLI::RuntimeError(2);
+      Fail(2, StrCat("config: ", st.message()));
     }
     std::cout << schema.Render(!*plain);
   });

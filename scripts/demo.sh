@@ -15,7 +15,7 @@ echo; echo "== strata info"; build/cli/strata info
 echo; echo "== strata config print --set log.format=json"
 build/cli/strata config print --set log.format=json
 echo; echo "== block keys: tokens hashed per second (target >= 5M on one core)"
-build/tests/block_key_benchmark --benchmark_min_time=0.2 --benchmark_filter='64/8192'
+build/tests/common/block_key_benchmark --benchmark_min_time=0.2 --benchmark_filter='64/8192'
 echo
 echo "The local cluster (strata up: cache server, prefill and decode workers, scheduler and a"
 echo "multi-turn chat demo) is not built yet: it arrives with issue #8."
