@@ -13,6 +13,8 @@
 
 #include "common/status.h"
 #include "common/strings.h"
+#include "spdlog/sinks/stdout_color_sinks.h"
+#include "spdlog/spdlog.h"
 #include "transfer/transfer_server.h"
 
 extern char** environ;
@@ -62,6 +64,10 @@ std::vector<std::string> PeerProcessArgs(const PeerProcessOptions& o) {
 }
 
 int RunPeerProcess(const PeerProcessOptions& options) {
+  // stdout carries only the READY line (the parent stops reading it): log to stderr, and never
+  // die of a write to a closed pipe.
+  spdlog::set_default_logger(spdlog::stderr_color_mt("peer"));
+  signal(SIGPIPE, SIG_IGN);
   SegmentRegistry registry;
   for (const auto& [name, size] : options.segments) {
     auto segment = CreateSharedHostSegment(name, size);
