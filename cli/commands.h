@@ -19,5 +19,6 @@ CLI::App& AdminGroup(CLI::App& app);
 
 void RegisterConfigCommand(CLI::App& app);  // strata config print
 void RegisterInfoCommand(CLI::App& app);    // strata info
+void RegisterBenchTransferCommand(CLI::App& app);  // strata bench transfer
 
 }  // namespace strata::cli

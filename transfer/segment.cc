@@ -75,7 +75,7 @@ absl::Status SegmentRegistry::Register(Segment segment) {
   if (segment.base == nullptr || segment.size == 0) {
     return absl::InvalidArgumentError(StrCat("segment ", segment.name, ": null base or size 0"));
   }
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   auto [it, inserted] = segments_.try_emplace(segment.name, nullptr);
   if (!inserted) {
     return absl::AlreadyExistsError(StrCat("segment ", segment.name, " is already registered"));
@@ -85,7 +85,7 @@ absl::Status SegmentRegistry::Register(Segment segment) {
 }
 
 absl::Status SegmentRegistry::Unregister(std::string_view name) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   if (segments_.erase(std::string(name)) == 0) {
     return absl::NotFoundError(StrCat("no segment ", name));
   }
@@ -94,7 +94,7 @@ absl::Status SegmentRegistry::Unregister(std::string_view name) {
 
 absl::StatusOr<std::shared_ptr<const Segment>> SegmentRegistry::Lookup(
     std::string_view name) const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   auto it = segments_.find(std::string(name));
   if (it == segments_.end()) return absl::NotFoundError(StrCat("no segment ", name));
   return it->second;
@@ -114,7 +114,7 @@ absl::StatusOr<std::shared_ptr<const Segment>> SegmentRegistry::Resolve(std::str
 }
 
 std::vector<std::shared_ptr<const Segment>> SegmentRegistry::List() const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   std::vector<std::shared_ptr<const Segment>> out;
   out.reserve(segments_.size());
   for (const auto& [name, s] : segments_) out.push_back(s);

@@ -23,15 +23,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 
 namespace strata::transfer {
 
@@ -112,8 +111,8 @@ class SegmentRegistry {
   std::vector<std::shared_ptr<const Segment>> List() const;
 
  private:
-  mutable absl::Mutex mu_;
-  absl::flat_hash_map<std::string, std::shared_ptr<const Segment>> segments_ ABSL_GUARDED_BY(mu_);
+  mutable std::mutex mu_;
+  absl::flat_hash_map<std::string, std::shared_ptr<const Segment>> segments_;  // guarded by mu_
 };
 
 }  // namespace strata::transfer

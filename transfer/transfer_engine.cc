@@ -55,30 +55,31 @@ class BatchCompleter {
     }
     bool last = false;
     {
-      absl::MutexLock lock(&batch->mu_);
+      std::lock_guard<std::mutex> lock(batch->mu_);
       if (batch->done_[i]) return;
       batch->done_[i] = true;
       batch->statuses_[i] = std::move(status);
       last = batch->remaining_.fetch_sub(1, std::memory_order_acq_rel) == 1;
+      if (last) batch->cv_.notify_all();
     }
     if (last && batch->on_done_) batch->on_done_(*batch);
   }
 };
 
 bool Batch::Wait(absl::Duration timeout) const {
-  absl::MutexLock lock(&mu_);
-  mu_.AwaitWithTimeout(absl::Condition(this, &Batch::Poll), timeout);
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_for(lock, absl::ToChronoNanoseconds(timeout), [this] { return Poll(); });
   return Poll();
 }
 
 absl::Status Batch::status(size_t i) const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   if (!done_[i]) return absl::UnavailableError("pending");
   return statuses_[i];
 }
 
 absl::Status Batch::FirstError() const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   for (size_t i = 0; i < statuses_.size(); ++i) {
     if (!done_[i]) return absl::UnavailableError(StrCat("request ", i, " pending"));
     if (!statuses_[i].ok()) return Annotate(statuses_[i], StrCat("request ", i));
@@ -87,7 +88,7 @@ absl::Status Batch::FirstError() const {
 }
 
 int64_t Batch::bytes_done() const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   int64_t total = 0;
   for (size_t i = 0; i < statuses_.size(); ++i) {
     if (done_[i] && statuses_[i].ok()) total += static_cast<int64_t>(lengths_[i]);
@@ -106,15 +107,16 @@ struct TransferEngine::Impl {
     std::weak_ptr<Batch> batch;
     std::shared_ptr<const std::vector<BatchCompleter::Check>> checks;
   };
-  absl::Mutex mu;
-  bool stop ABSL_GUARDED_BY(mu) = false;
-  std::vector<Watched> watched ABSL_GUARDED_BY(mu);
+  std::mutex mu;
+  std::condition_variable cv;
+  bool stop = false;             // guarded by mu
+  std::vector<Watched> watched;  // guarded by mu
   std::thread watchdog;
 
   void Watchdog() {
-    absl::MutexLock lock(&mu);
+    std::unique_lock<std::mutex> lock(mu);
     while (!stop) {
-      mu.AwaitWithTimeout(absl::Condition(&stop), kWatchdogTick);
+      cv.wait_for(lock, absl::ToChronoNanoseconds(kWatchdogTick), [this] { return stop; });
       const absl::Time now = absl::Now();
       std::vector<Watched> expired;
       std::vector<Watched> keep;
@@ -125,7 +127,7 @@ struct TransferEngine::Impl {
       }
       watched.swap(keep);
       if (expired.empty()) continue;
-      mu.Unlock();
+      lock.unlock();
       for (Watched& w : expired) {
         auto batch = w.batch.lock();
         if (!batch) continue;
@@ -136,7 +138,7 @@ struct TransferEngine::Impl {
                                                                "the deadline (watchdog)"));
         }
       }
-      mu.Lock();
+      lock.lock();
     }
   }
 
@@ -159,9 +161,10 @@ TransferEngine::TransferEngine(EngineOptions options)
 
 TransferEngine::~TransferEngine() {
   {
-    absl::MutexLock lock(&impl_->mu);
+    std::lock_guard<std::mutex> lock(impl_->mu);
     impl_->stop = true;
   }
+  impl_->cv.notify_all();
   if (impl_->watchdog.joinable()) impl_->watchdog.join();
 }
 
@@ -287,7 +290,7 @@ std::shared_ptr<Batch> TransferEngine::Submit(Peer& peer, std::vector<TransferOp
     request_index.push_back(i);
   }
   if (!requests.empty()) {
-    absl::MutexLock lock(&impl_->mu);
+    std::lock_guard<std::mutex> lock(impl_->mu);
     impl_->watched.push_back({deadline + kWatchdogGrace, batch, checks});
   }
   for (auto& [i, status] : failed) BatchCompleter::Complete(batch, *checks, i, std::move(status));

@@ -26,16 +26,17 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "transfer/capability.h"
 #include "transfer/segment.h"
@@ -78,9 +79,10 @@ class Batch {
   friend class BatchCompleter;
   explicit Batch(size_t n) : statuses_(n), done_(n, false), remaining_(n) {}
 
-  mutable absl::Mutex mu_;
-  std::vector<absl::Status> statuses_ ABSL_GUARDED_BY(mu_);
-  std::vector<bool> done_ ABSL_GUARDED_BY(mu_);
+  mutable std::mutex mu_;
+  mutable std::condition_variable cv_;  // notified when remaining_ reaches 0
+  std::vector<absl::Status> statuses_;  // guarded by mu_
+  std::vector<bool> done_;              // guarded by mu_
   std::vector<uint64_t> lengths_;
   std::atomic<size_t> remaining_;
   std::function<void(const Batch&)> on_done_;

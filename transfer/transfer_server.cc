@@ -2,13 +2,14 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <mutex>
 #include <thread>
 
 #include "absl/container/flat_hash_set.h"
-#include "absl/synchronization/mutex.h"
 #include "common/status.h"
 #include "common/strings.h"
 #include "spdlog/spdlog.h"
@@ -29,10 +30,10 @@ struct TransferServer::Impl {
   TcpServeCounters counters;
   std::atomic<int64_t> shm_refused{0};
 
-  absl::Mutex mu;
-  bool stopping ABSL_GUARDED_BY(mu) = false;
-  absl::flat_hash_set<int> conn_fds ABSL_GUARDED_BY(mu);
-  std::vector<std::thread> workers ABSL_GUARDED_BY(mu);
+  std::mutex mu;
+  bool stopping = false;              // guarded by mu
+  absl::flat_hash_set<int> conn_fds;  // guarded by mu
+  std::vector<std::thread> workers;   // guarded by mu
 
   void AcceptLoop(int listen_fd, bool is_unix) {
     while (true) {
@@ -44,7 +45,7 @@ struct TransferServer::Impl {
         return;  // listener shut down by Stop()
       }
       std::string peer = is_unix ? StrCat("unix:", options.shm_socket_path) : PeerName(ss);
-      absl::MutexLock lock(&mu);
+      std::lock_guard<std::mutex> lock(mu);
       if (stopping) {
         close(fd);
         return;
@@ -77,6 +78,8 @@ struct TransferServer::Impl {
     } else if (*purpose == wire::Purpose::kTcpData && !is_unix) {
       wire::SetSocketTimeouts(fd, absl::ZeroDuration());
       wire::SetSocketBuffers(fd, 4 << 20);
+      int one = 1;  // responses end in a partial segment: never hold it back for an ACK
+      setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
       ServeTcpConnection(fd, *segments, options.secret, peer, &counters);
     } else if (*purpose == wire::Purpose::kShmMap && is_unix) {
       ServeShmConnection(fd, *segments, peer, &shm_refused);
@@ -84,7 +87,7 @@ struct TransferServer::Impl {
       spdlog::warn("transfer server: {} asked for an unsupported service ({}) on this listener",
                    peer, static_cast<int>(*purpose));
     }
-    absl::MutexLock lock(&mu);
+    std::lock_guard<std::mutex> lock(mu);
     conn_fds.erase(fd);
     close(fd);
   }
@@ -141,7 +144,7 @@ PeerSpec TransferServer::spec(std::string name) const {
 void TransferServer::Stop() {
   if (!impl_) return;
   {
-    absl::MutexLock lock(&impl_->mu);
+    std::lock_guard<std::mutex> lock(impl_->mu);
     if (impl_->stopping) return;
     impl_->stopping = true;
   }
@@ -156,7 +159,7 @@ void TransferServer::Stop() {
   }
   std::vector<std::thread> workers;
   {
-    absl::MutexLock lock(&impl_->mu);
+    std::lock_guard<std::mutex> lock(impl_->mu);
     for (int fd : impl_->conn_fds) shutdown(fd, SHUT_RDWR);
     workers.swap(impl_->workers);
   }

@@ -8,9 +8,9 @@
 #include <cerrno>
 #include <cstring>
 #include <deque>
+#include <mutex>
 #include <thread>
 
-#include "absl/synchronization/mutex.h"
 #include "common/status.h"
 #include "common/strings.h"
 #include "spdlog/spdlog.h"
@@ -122,7 +122,7 @@ class TcpChannel : public Channel {
     }
     if (ops.empty()) return;
     {
-      absl::MutexLock lock(&mu_);
+      std::lock_guard<std::mutex> lock(mu_);
       for (auto& op : ops) pending_.push_back(std::move(op));
     }
     Wake();
@@ -141,7 +141,7 @@ class TcpChannel : public Channel {
     }
     if (epoll_fd_ >= 0) close(epoll_fd_);
     if (wake_fd_ >= 0) close(wake_fd_);
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     for (auto& [slot, fd] : new_conns_) close(fd);
     new_conns_.clear();
   }
@@ -181,7 +181,7 @@ class TcpChannel : public Channel {
   // Re-dials lost connections from the submitting thread, at most once per 100 ms.
   void MaybeRedial() {
     if (dead_count_.load() == 0) return;
-    absl::MutexLock dial_lock(&dial_mu_);
+    std::lock_guard<std::mutex> dial_lock(dial_mu_);
     const absl::Time now = absl::Now();
     if (now - last_redial_ < absl::Milliseconds(100)) return;
     last_redial_ = now;
@@ -194,7 +194,7 @@ class TcpChannel : public Channel {
       }
       dead_[i].store(false);
       dead_count_.fetch_sub(1);
-      absl::MutexLock lock(&mu_);
+      std::lock_guard<std::mutex> lock(mu_);
       new_conns_.emplace_back(i, *fd);
     }
   }
@@ -241,7 +241,7 @@ class TcpChannel : public Channel {
     }
     std::vector<OpPtr> left;
     {
-      absl::MutexLock lock(&mu_);
+      std::lock_guard<std::mutex> lock(mu_);
       left.swap(pending_);
     }
     for (auto& op : left) op->Complete(absl::CancelledError("tcp channel closed"));
@@ -251,7 +251,7 @@ class TcpChannel : public Channel {
     std::vector<OpPtr> ops;
     std::vector<std::pair<size_t, int>> fresh;
     {
-      absl::MutexLock lock(&mu_);
+      std::lock_guard<std::mutex> lock(mu_);
       ops.swap(pending_);
       fresh.swap(new_conns_);
     }
@@ -522,13 +522,13 @@ class TcpChannel : public Channel {
   char* scratch_ = nullptr;
 
   // Shared with submitters.
-  absl::Mutex mu_;
-  std::vector<OpPtr> pending_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::pair<size_t, int>> new_conns_ ABSL_GUARDED_BY(mu_);
+  std::mutex mu_;
+  std::vector<OpPtr> pending_;                     // guarded by mu_
+  std::vector<std::pair<size_t, int>> new_conns_;  // guarded by mu_
   std::vector<std::atomic<bool>> dead_;
   std::atomic<int> dead_count_{0};
-  absl::Mutex dial_mu_;
-  absl::Time last_redial_ ABSL_GUARDED_BY(dial_mu_) = absl::InfinitePast();
+  std::mutex dial_mu_;
+  absl::Time last_redial_ = absl::InfinitePast();  // guarded by dial_mu_
 };
 
 }  // namespace
