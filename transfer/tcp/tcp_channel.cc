@@ -69,7 +69,12 @@ class TcpChannel : public Channel {
         conns_(std::max(1, options_.connections_per_peer)),
         dead_(conns_.size()) {}
 
-  ~TcpChannel() override { Close(); }
+  ~TcpChannel() override {
+    Close();
+    // Closed here, not in Close(): a Submit racing with Close() may still Wake().
+    if (epoll_fd_ >= 0) close(epoll_fd_);
+    if (wake_fd_ >= 0) close(wake_fd_);
+  }
 
   absl::Status Start(absl::Duration timeout) {
     epoll_fd_ = epoll_create1(EPOLL_CLOEXEC);
@@ -89,13 +94,7 @@ class TcpChannel : public Channel {
 
   void Submit(std::vector<TransferRequest> requests, CompletionFn done) override {
     auto shared_done = std::make_shared<CompletionFn>(std::move(done));
-    if (closed_.load()) {
-      for (size_t i = 0; i < requests.size(); ++i) {
-        (*shared_done)(i, absl::CancelledError("tcp channel closed"));
-      }
-      return;
-    }
-    MaybeRedial();
+    if (!closed_.load()) MaybeRedial();
     std::vector<OpPtr> ops;
     ops.reserve(requests.size());
     for (size_t i = 0; i < requests.size(); ++i) {
@@ -123,13 +122,25 @@ class TcpChannel : public Channel {
     if (ops.empty()) return;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      for (auto& op : ops) pending_.push_back(std::move(op));
+      // Checked under mu_: Close() sets closed_ under it too, then drains pending_ after the
+      // loop has stopped, so a request is either drained there or refused here.
+      if (!closed_.load()) {
+        for (auto& op : ops) pending_.push_back(std::move(op));
+        ops.clear();
+      }
+    }
+    if (!ops.empty()) {
+      for (auto& op : ops) op->Complete(absl::CancelledError("tcp channel closed"));
+      return;
     }
     Wake();
   }
 
   void Close() override {
-    if (closed_.exchange(true)) return;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (closed_.exchange(true)) return;
+    }
     Wake();
     if (loop_.joinable()) {
       loop_.join();
@@ -139,11 +150,14 @@ class TcpChannel : public Channel {
         c.alive = false;
       }
     }
-    if (epoll_fd_ >= 0) close(epoll_fd_);
-    if (wake_fd_ >= 0) close(wake_fd_);
-    std::lock_guard<std::mutex> lock(mu_);
-    for (auto& [slot, fd] : new_conns_) close(fd);
-    new_conns_.clear();
+    std::vector<OpPtr> left;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto& [slot, fd] : new_conns_) close(fd);
+      new_conns_.clear();
+      left.swap(pending_);
+    }
+    for (auto& op : left) op->Complete(absl::CancelledError("tcp channel closed"));
   }
 
   void Disconnect() override {
@@ -453,24 +467,26 @@ class TcpChannel : public Channel {
   void Teardown(size_t slot, const absl::Status& why, const Op* timed_out) {
     Conn& c = conns_[slot];
     if (!c.alive) return;
+    // Log before completing: once the last request completes, its batch (which may share
+    // `why`'s storage) can be freed by the caller.
+    if (!closed_.load()) {
+      spdlog::warn("tcp: connection {} to {} lost: {}", slot, peer_name_, why.ToString());
+    }
     epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, c.fd, nullptr);
     close(c.fd);
     c.alive = false;
-    auto fail = [&](std::deque<OpPtr>& q) {
-      for (OpPtr& op : q) {
-        op->Complete(op.get() == timed_out
-                         ? absl::DeadlineExceededError(StrCat("tcp: ", peer_name_, " timed out"))
-                         : why);
-      }
-      q.clear();
-    };
-    fail(c.send_queue);
-    fail(c.awaiting);
+    std::vector<OpPtr> ops(c.send_queue.begin(), c.send_queue.end());
+    ops.insert(ops.end(), c.awaiting.begin(), c.awaiting.end());
     c = Conn{};
     if (!closed_.load()) {
-      spdlog::warn("tcp: connection {} to {} lost: {}", slot, peer_name_, why.ToString());
       dead_[slot].store(true);
       dead_count_.fetch_add(1);
+    }
+    for (OpPtr& op : ops) {
+      // A status of its own per request: no storage shared between batches.
+      op->Complete(op.get() == timed_out
+                       ? absl::DeadlineExceededError(StrCat("tcp: ", peer_name_, " timed out"))
+                       : absl::Status(why.code(), why.message()));
     }
   }
 
