@@ -49,6 +49,7 @@ void RegisterBenchTransferCommand(CLI::App& app) {
     std::string batches = "1,16";
     std::string concurrency = "1,4";
     double seconds = 0.4;
+    int tcp_connections = 4;
     std::string json;
   };
   auto f = std::make_shared<Flags>();
@@ -57,6 +58,7 @@ void RegisterBenchTransferCommand(CLI::App& app) {
   cmd->add_option("--batch", f->batches, "Batch sizes");
   cmd->add_option("--concurrency", f->concurrency, "Submitting threads");
   cmd->add_option("--seconds", f->seconds, "Seconds per case");
+  cmd->add_option("--tcp-connections", f->tcp_connections, "tcp connections per peer");
   cmd->add_option("--json", f->json, "Write the results (with a `ratios` object) to this file");
   cmd->callback([f] {
     transfer::TransferBenchOptions o;
@@ -70,6 +72,7 @@ void RegisterBenchTransferCommand(CLI::App& app) {
     o.batch_sizes = ParseList<int>("--batch", f->batches);
     o.concurrency = ParseList<int>("--concurrency", f->concurrency);
     o.seconds_per_case = f->seconds;
+    o.tcp_connections = f->tcp_connections;
     char self[4096];
     const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
     if (n <= 0) Fail(1, "cannot find /proc/self/exe");

@@ -19,6 +19,7 @@ struct TransferBenchOptions {
   std::vector<int> batch_sizes = {1, 16};
   std::vector<int> concurrency = {1, 4};
   double seconds_per_case = 0.4;
+  int tcp_connections = 4;                    // EngineOptions::tcp_connections_per_peer
   uint64_t segment_bytes = 256ull << 20;      // the peer's segment, read round-robin
   std::string peer_binary;                    // the binary that serves as the peer (strata itself)
   std::vector<std::string> peer_args_prefix;  // e.g. {"bench", "transfer-peer"}
