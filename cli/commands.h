@@ -20,4 +20,7 @@ CLI::App& AdminGroup(CLI::App& app);
 void RegisterConfigCommand(CLI::App& app);  // strata config print
 void RegisterInfoCommand(CLI::App& app);    // strata info
 
+// strata tokenize (compute_nodes/tokenizer)
+void RegisterTokenizeCommand(CLI::App& app);
+
 }  // namespace strata::cli
