@@ -2,8 +2,8 @@
 // with node on the same inputs: token ids, decoded text and chat template renderings.
 //
 // Inputs: testdata/parity_corpus.json (hand-built: English, code, CJK, emoji, digits,
-// whitespace runs, inline special tokens, mixed and unusual Unicode), ~1500 strings generated
-// from a fixed seed over the same kinds of characters, and testdata/chat_cases.json.
+// whitespace runs, inline special tokens, mixed and unusual Unicode), 1,700 strings generated
+// from fixed seeds over the same kinds of characters, and testdata/chat_cases.json.
 // Two code points are left out of the generated strings on purpose: U+0085 and U+FEFF, where the
 // JS port's `\s` differs from Oniguruma's (HF tokenizers); see pre_tokenizer_test.
 #include <gtest/gtest.h>
@@ -55,7 +55,7 @@ void AppendUtf8(char32_t c, std::string* out) {
 
 // Random strings that stress the pre-tokenizer's boundaries: mixes of letters of several
 // scripts, marks, digits, punctuation, symbols, emoji, whitespace runs and special tokens.
-std::vector<std::string> GeneratedStrings(int count, uint32_t seed) {
+std::vector<std::string> GeneratedStrings(int count, size_t max_units, uint32_t seed) {
   struct Range {
     char32_t first, last;
   };
@@ -85,7 +85,7 @@ std::vector<std::string> GeneratedStrings(int count, uint32_t seed) {
   std::vector<std::string> out;
   for (int i = 0; i < count; ++i) {
     std::string s;
-    const size_t units = 1 + pick(40);
+    const size_t units = 1 + pick(max_units);
     for (size_t u = 0; u < units; ++u) {
       if (pick(50) == 0) {
         s += specials[pick(specials.size())];
@@ -145,7 +145,8 @@ TEST_F(ParityTest, TokenIdsAndDecodingMatchTheJsPort) {
   ASSERT_TRUE(corpus.is_array());
   std::vector<std::string> texts = corpus.get<std::vector<std::string>>();
   const size_t num_corpus = texts.size();
-  for (auto& s : GeneratedStrings(1500, 20261129)) texts.push_back(std::move(s));
+  for (auto& s : GeneratedStrings(1500, 40, 20261129)) texts.push_back(std::move(s));
+  for (auto& s : GeneratedStrings(200, 400, 7)) texts.push_back(std::move(s));  // long pieces
 
   const nlohmann::json response = RunReference({{"texts", texts}});
   ASSERT_TRUE(response.is_object() && response["texts"].size() == texts.size());
