@@ -3,7 +3,6 @@
 #include <unicode/uchar.h>
 
 #include <array>
-#include <memory>
 
 namespace strata::tokenizer {
 namespace {
