@@ -21,4 +21,7 @@ void RegisterConfigCommand(CLI::App& app);  // strata config print
 void RegisterInfoCommand(CLI::App& app);    // strata info
 void RegisterBenchTransferCommand(CLI::App& app);  // strata bench transfer
 
+// strata tokenize (compute_nodes/tokenizer)
+void RegisterTokenizeCommand(CLI::App& app);
+
 }  // namespace strata::cli
