@@ -23,4 +23,7 @@ void RegisterInfoCommand(CLI::App& app);    // strata info
 // strata tokenize (compute_nodes/tokenizer)
 void RegisterTokenizeCommand(CLI::App& app);
 
+// strata bench kernels (kernels/; only in builds with STRATA_WITH_CUDA)
+void RegisterBenchKernelsCommand(CLI::App& app);
+
 }  // namespace strata::cli

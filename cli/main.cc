@@ -14,6 +14,9 @@ int main(int argc, char** argv) {
   strata::cli::RegisterConfigCommand(app);
   strata::cli::RegisterInfoCommand(app);
   strata::cli::RegisterTokenizeCommand(app);
+#if STRATA_WITH_CUDA
+  strata::cli::RegisterBenchKernelsCommand(app);
+#endif
 
   CLI11_PARSE(app, argc, argv);
   return 0;
