@@ -16,7 +16,6 @@
 namespace strata::kernels::mla_detail {
 
 inline constexpr int kTileTokens = 32;
-inline constexpr int kStages = 3;
 inline constexpr int kThreads = 256;
 inline constexpr int kRowStride = kMlaQkHeadDim + 8;     // bf16; +16 B breaks bank conflicts
 inline constexpr int kChunksPerRow = kMlaQkHeadDim / 8;  // 16-byte chunks
@@ -24,6 +23,8 @@ inline constexpr int kChunksPerRow = kMlaQkHeadDim / 8;  // 16-byte chunks
 template <int kMTiles>
 struct Layout {
   static constexpr int kHeads = 16 * kMTiles;
+  // As many cp.async stages as fit next to Q in 227 KB: more tiles in flight for few heads.
+  static constexpr int kStages = kMTiles == 1 ? 5 : (kMTiles == 2 ? 4 : 3);
   static constexpr int kSStride = kTileTokens + 4;  // fp32
   static constexpr int kPStride = kTileTokens + 8;  // bf16
   static constexpr int kQBytes = kHeads * kRowStride * 2;
@@ -61,6 +62,13 @@ __device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4], const __nv_bfl
                : "r"(addr));
 }
 
+__device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], const __nv_bfloat16* p) {
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
 // d += a * b, m16n8k16, bf16 inputs, fp32 accumulators.
 __device__ __forceinline__ void Mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
                                     uint32_t b1) {
@@ -86,6 +94,7 @@ template <int kMTiles>
 __global__ void __launch_bounds__(kThreads, 1) MlaDecodeSplitKvKernel(MlaDecodeParams p) {
   using L = Layout<kMTiles>;
   constexpr int kHeads = L::kHeads;
+  constexpr int kStages = L::kStages;
   extern __shared__ __align__(128) uint8_t smem[];
   __nv_bfloat16* sq = reinterpret_cast<__nv_bfloat16*>(smem + L::kQOffset);
   __nv_bfloat16* skv = reinterpret_cast<__nv_bfloat16*>(smem + L::kKvOffset);
@@ -170,15 +179,23 @@ __global__ void __launch_bounds__(kThreads, 1) MlaDecodeSplitKvKernel(MlaDecodeP
       for (int j = 0; j < kQkMTilesPerWarp; ++j)
 #pragma unroll
         for (int k = 0; k < 4; ++k) s[j][k] = 0.f;
-      const __nv_bfloat16* krow = kvs + (qk_ntile * 8 + g) * kRowStride + 2 * t;
-#pragma unroll 4
-      for (int k0 = 0; k0 < kMlaQkHeadDim; k0 += 16) {
-        const uint32_t b0 = Ld32(krow + k0), b1 = Ld32(krow + k0 + 8);
+      // ldmatrix addressing. K (B operand, [token][dim]): lane -> token n0 + (lane & 7), dims
+      // k0 + 8 * (lane >> 3): b0, b1 of k-step k0 and b0, b1 of k-step k0 + 16. Q (A operand):
+      // lane -> head row (lane & 15), dims k0 + 8 * (lane >> 4): a0..a3 of one m-tile.
+      const __nv_bfloat16* kaddr = kvs + (qk_ntile * 8 + (lane & 7)) * kRowStride + (lane >> 3) * 8;
+      const __nv_bfloat16* qaddr =
+          sq + (qk_mtile0 * 16 + (lane & 15)) * kRowStride + (lane >> 4) * 8;
+#pragma unroll 3
+      for (int k0 = 0; k0 < kMlaQkHeadDim; k0 += 32) {
+        uint32_t bk[4];
+        LdMatrixX4(bk, kaddr + k0);
 #pragma unroll
         for (int j = 0; j < kQkMTilesPerWarp; ++j) {
-          uint32_t a[4];
-          LoadA(a, sq + (qk_mtile0 + 2 * j) * 16 * kRowStride + k0, kRowStride, g, t);
-          Mma(s[j], a, b0, b1);
+          uint32_t a0[4], a1[4];
+          LdMatrixX4(a0, qaddr + 2 * j * 16 * kRowStride + k0);
+          LdMatrixX4(a1, qaddr + 2 * j * 16 * kRowStride + k0 + 16);
+          Mma(s[j], a0, bk[0], bk[1]);
+          Mma(s[j], a1, bk[2], bk[3]);
         }
       }
       const int col = qk_ntile * 8 + 2 * t;
