@@ -24,4 +24,7 @@ void RegisterBenchTransferCommand(CLI::App& app);  // strata bench transfer
 // strata tokenize (compute_nodes/tokenizer)
 void RegisterTokenizeCommand(CLI::App& app);
 
+// strata bench kernels (kernels/; only in builds with STRATA_WITH_CUDA)
+void RegisterBenchKernelsCommand(CLI::App& app);
+
 }  // namespace strata::cli

@@ -15,6 +15,9 @@ int main(int argc, char** argv) {
   strata::cli::RegisterInfoCommand(app);
   strata::cli::RegisterTokenizeCommand(app);
   strata::cli::RegisterBenchTransferCommand(app);
+#if STRATA_WITH_CUDA
+  strata::cli::RegisterBenchKernelsCommand(app);
+#endif
 
   CLI11_PARSE(app, argc, argv);
   return 0;
