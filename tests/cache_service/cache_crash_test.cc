@@ -23,89 +23,20 @@
 #include "common/checksum.h"
 #include "strata/v1/cache.grpc.pb.h"
 #include "strata/v1/cache_admin.grpc.pb.h"
+#include "tests/cache_service/daemon_util.h"
 #include "tests/cache_service/store_test_util.h"
 
 namespace strata::cache {
 namespace {
 
 using testing_util::Chain;
+using testing_util::Daemon;
 using testing_util::FreshDir;
 using testing_util::Ns;
 using testing_util::Payload;
 
 constexpr size_t kBytes = 8000;
 constexpr int kKills = 20;
-
-class Daemon {
- public:
-  Daemon(std::string dir, std::string token_file) : dir_(std::move(dir)), token_file_(token_file) {}
-  ~Daemon() { Kill(); }
-
-  void Start() {
-    const std::string bin = std::string(std::getenv("STRATA_BINARY_DIR")) + "/cli/strata";
-    const std::string ready = dir_ + "/ready";
-    std::filesystem::remove(ready);
-    std::vector<std::string> args = {bin,
-                                     "cache",
-                                     "--ready-file",
-                                     ready,
-                                     "--set",
-                                     "cache.listen=127.0.0.1:0",
-                                     "--set",
-                                     "cache.http_listen=",
-                                     "--set",
-                                     "cache.data_dir=" + dir_,
-                                     "--set",
-                                     "cache.slot_bytes=8KiB",
-                                     "--set",
-                                     "cache.dram.capacity=4MiB",
-                                     "--set",
-                                     "cache.ssd.capacity=256MiB",
-                                     "--set",
-                                     "cache.ssd.slots_per_file=4096",
-                                     "--set",
-                                     "cache.write_policy=write_through",
-                                     "--set",
-                                     "cluster.admin_token_file=" + token_file_,
-                                     "--set",
-                                     "log.level=warn"};
-    pid_ = fork();
-    ASSERT_GE(pid_, 0);
-    if (pid_ == 0) {
-      std::vector<char*> argv;
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      execv(argv[0], argv.data());
-      _exit(127);
-    }
-    for (int i = 0; i < 600 && !std::filesystem::exists(ready); ++i) {
-      int status = 0;
-      ASSERT_EQ(waitpid(pid_, &status, WNOHANG), 0) << "daemon exited, status " << status;
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    std::ifstream in(ready);
-    std::string grpc;
-    in >> grpc;
-    ASSERT_EQ(grpc.rfind("grpc=", 0), 0u) << "daemon never became ready";
-    address_ = "127.0.0.1:" + grpc.substr(5);
-  }
-
-  void Kill() {
-    if (pid_ > 0) {
-      kill(pid_, SIGKILL);
-      waitpid(pid_, nullptr, 0);
-      pid_ = -1;
-    }
-  }
-
-  const std::string& address() const { return address_; }
-
- private:
-  std::string dir_;
-  std::string token_file_;
-  pid_t pid_ = -1;
-  std::string address_;
-};
 
 // A client of one daemon incarnation: gRPC stubs and the DRAM arena mapped over shm.
 class Client {
