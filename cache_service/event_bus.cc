@@ -1,10 +1,13 @@
 #include "cache_service/event_bus.h"
 
+#include "absl/time/clock.h"
+
 namespace strata::cache {
 
 uint64_t EventBus::Publish(v1::KvEvent event) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   const uint64_t seq = next_++;
+  cv_.notify_all();
   event.set_sequence(seq);
   event.set_unix_ms(absl::ToUnixMillis(absl::Now()));
   event.set_source(source_);
@@ -14,9 +17,8 @@ uint64_t EventBus::Publish(v1::KvEvent event) {
 }
 
 std::vector<v1::KvEvent> EventBus::Read(uint64_t from, absl::Duration timeout, size_t max) {
-  absl::MutexLock lock(&mu_);
-  auto ready = [&]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return closed_ || next_ > from; };
-  mu_.AwaitWithTimeout(absl::Condition(&ready), timeout);
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_for(lock, absl::ToChronoNanoseconds(timeout), [&] { return closed_ || next_ > from; });
   std::vector<v1::KvEvent> out;
   if (ring_.empty()) return out;
   const uint64_t first = ring_.front().sequence();
@@ -26,13 +28,14 @@ std::vector<v1::KvEvent> EventBus::Read(uint64_t from, absl::Duration timeout, s
 }
 
 uint64_t EventBus::next_sequence() const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   return next_;
 }
 
 void EventBus::Close() {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   closed_ = true;
+  cv_.notify_all();
 }
 
 }  // namespace strata::cache

@@ -6,13 +6,14 @@
 // ring sees a gap in the sequence numbers.
 #pragma once
 
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "strata/v1/events.pb.h"
 
@@ -39,7 +40,8 @@ class EventBus {
  private:
   const std::string source_;
   const size_t capacity_;
-  mutable absl::Mutex mu_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
   std::deque<v1::KvEvent> ring_ ABSL_GUARDED_BY(mu_);
   uint64_t next_ ABSL_GUARDED_BY(mu_) = 1;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;

@@ -6,13 +6,13 @@
 #pragma once
 
 #include <cstdint>
+#include <mutex>
 #include <set>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "cache_service/tier.h"
 #include "common/check.h"
 #include "common/strings.h"
@@ -27,7 +27,7 @@ class SlotAllocator {
   }
 
   absl::StatusOr<SlotId> Allocate() {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     if (used_ >= capacity_ || free_.empty()) {
       return absl::ResourceExhaustedError(
           StrCat("all ", capacity_, " slots of the tier are in use"));
@@ -41,7 +41,7 @@ class SlotAllocator {
   // Takes a specific slot (warm restart re-claims the slots the index names). FailedPrecondition
   // if it is out of range or already taken.
   absl::Status Claim(SlotId slot) {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     if (slot >= max_slots_ || free_.erase(slot) == 0) {
       return absl::FailedPreconditionError(StrCat("slot ", slot, " is out of range or taken"));
     }
@@ -50,14 +50,14 @@ class SlotAllocator {
   }
 
   void Free(SlotId slot) {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     STRATA_CHECK(slot < max_slots_, "slot out of range");
     STRATA_CHECK(free_.insert(slot).second, "slot freed twice");
     --used_;
   }
 
   absl::Status SetCapacity(uint32_t slots) {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     if (slots > max_slots_) {
       return absl::InvalidArgumentError(
           StrCat("capacity of ", slots, " slots exceeds the maximum of ", max_slots_));
@@ -71,23 +71,23 @@ class SlotAllocator {
   }
 
   std::vector<SlotId> FreeSlots() const {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     return {free_.begin(), free_.end()};
   }
 
   uint32_t max_slots() const { return max_slots_; }
   uint32_t capacity() const {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     return capacity_;
   }
   uint32_t used() const {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     return used_;
   }
 
  private:
   const uint32_t max_slots_;
-  mutable absl::Mutex mu_;
+  mutable std::mutex mu_;
   std::set<SlotId> free_ ABSL_GUARDED_BY(mu_);
   uint32_t capacity_ ABSL_GUARDED_BY(mu_);
   uint32_t used_ ABSL_GUARDED_BY(mu_) = 0;

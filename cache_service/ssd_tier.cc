@@ -80,12 +80,12 @@ absl::StatusOr<std::unique_ptr<SsdTier>> SsdTier::Open(const Options& options) {
     }
   }
   {
-    absl::MutexLock lock(&tier->dirty_mu_);
+    std::lock_guard<std::mutex> lock(tier->dirty_mu_);
     tier->dirty_.assign(num_files, false);
   }
   for (uint32_t r = 0; r < options.rings; ++r) {
     auto ring = std::make_unique<Ring>();
-    absl::MutexLock lock(&ring->mu);
+    std::lock_guard<std::mutex> lock(ring->mu);
     if (const int err = io_uring_queue_init(options.queue_depth, &ring->ring, 0); err < 0) {
       return ErrnoToStatus(-err, "io_uring_queue_init for the ssd tier");
     }
@@ -99,7 +99,7 @@ SsdTier::SsdTier(Options options, uint32_t max_slots, uint32_t capacity_slots)
 
 SsdTier::~SsdTier() {
   for (auto& ring : rings_) {
-    absl::MutexLock lock(&ring->mu);
+    std::lock_guard<std::mutex> lock(ring->mu);
     io_uring_queue_exit(&ring->ring);
   }
   for (int fd : fds_) close(fd);
@@ -115,10 +115,10 @@ SsdTier::Ring& SsdTier::PickRing() {
   const size_t start = std::hash<std::thread::id>()(std::this_thread::get_id()) % rings_.size();
   for (size_t i = 0; i < rings_.size(); ++i) {
     Ring& r = *rings_[(start + i) % rings_.size()];
-    if (r.mu.TryLock()) return r;
+    if (r.mu.try_lock()) return r;
   }
   Ring& r = *rings_[start];
-  r.mu.Lock();
+  r.mu.lock();
   return r;
 }
 
@@ -127,7 +127,7 @@ std::vector<absl::Status> SsdTier::ReadBatch(std::span<const Io> ios) { return S
 std::vector<absl::Status> SsdTier::WriteBatch(std::span<const Io> ios) {
   std::vector<absl::Status> results = Submit(ios, true);
   // Marked after completion, so a Sync() that clears the mark covers the write.
-  absl::MutexLock lock(&dirty_mu_);
+  std::lock_guard<std::mutex> lock(dirty_mu_);
   for (const Io& io : ios) {
     if (io.slot < slots_.max_slots()) dirty_[io.slot / options_.slots_per_file] = true;
   }
@@ -192,7 +192,7 @@ std::vector<absl::Status> SsdTier::Submit(std::span<const Io> ios, bool write) {
     if (inflight == 0) break;
     int rc = io_uring_submit_and_wait(&ring.ring, 1);
     if (rc < 0 && rc != -EINTR) {
-      ring.mu.Unlock();
+      ring.mu.unlock();
       const absl::Status st = ErrnoToStatus(-rc, "io_uring_submit");
       for (auto& r : results) {
         if (r.ok()) r = st;
@@ -217,7 +217,7 @@ std::vector<absl::Status> SsdTier::Submit(std::span<const Io> ios, bool write) {
     }
     io_uring_cq_advance(&ring.ring, seen);
   }
-  ring.mu.Unlock();
+  ring.mu.unlock();
   if (!write) {
     for (size_t i = 0; i < ios.size(); ++i) {
       if (results[i].ok() && bounce[i]) std::memcpy(ios[i].buffer, bounce[i].get(), ios[i].length);
@@ -229,10 +229,10 @@ std::vector<absl::Status> SsdTier::Submit(std::span<const Io> ios, bool write) {
 absl::Status SsdTier::Sync() {
   // One Sync() at a time: a caller whose writes another Sync() already picked up waits here
   // until that fdatasync() has finished.
-  absl::MutexLock sync_lock(&sync_mu_);
+  std::lock_guard<std::mutex> sync_lock(sync_mu_);
   std::vector<size_t> files;
   {
-    absl::MutexLock lock(&dirty_mu_);
+    std::lock_guard<std::mutex> lock(dirty_mu_);
     for (size_t f = 0; f < dirty_.size(); ++f) {
       if (dirty_[f]) files.push_back(f);
       dirty_[f] = false;
@@ -241,7 +241,7 @@ absl::Status SsdTier::Sync() {
   for (size_t f : files) {
     if (fdatasync(fds_[f]) != 0) {
       const int err = errno;
-      absl::MutexLock lock(&dirty_mu_);
+      std::lock_guard<std::mutex> lock(dirty_mu_);
       dirty_[f] = true;
       return ErrnoToStatus(err, StrCat("fdatasync of ssd slot file ", f));
     }

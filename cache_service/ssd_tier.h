@@ -18,11 +18,11 @@
 #include <liburing.h>
 
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
 #include "cache_service/slot_allocator.h"
 #include "cache_service/tier.h"
 
@@ -76,7 +76,7 @@ class SsdTier final : public Tier {
 
  private:
   struct Ring {
-    absl::Mutex mu;
+    std::mutex mu;
     io_uring ring ABSL_GUARDED_BY(mu);
   };
   SsdTier(Options options, uint32_t max_slots, uint32_t capacity_slots);
@@ -88,8 +88,8 @@ class SsdTier final : public Tier {
   std::vector<int> fds_;
   bool direct_io_ = true;
   std::vector<std::unique_ptr<Ring>> rings_;
-  absl::Mutex sync_mu_;
-  absl::Mutex dirty_mu_;
+  std::mutex sync_mu_;
+  std::mutex dirty_mu_;
   std::vector<bool> dirty_ ABSL_GUARDED_BY(dirty_mu_);
 };
 

@@ -36,7 +36,7 @@ void StoreImpl::FillInfo(const Entry& e, v1::BlockInfo* info) const {
 }
 
 void StoreImpl::GetStats(v1::GetStatsResponse* resp) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   resp->set_server_id(options_.server_id);
   uint64_t dram_blocks = 0, ssd_blocks = 0;
   for (const auto& [k, e] : blocks_) {
@@ -71,7 +71,7 @@ void StoreImpl::GetStats(v1::GetStatsResponse* resp) {
 absl::Status StoreImpl::SetTierCapacity(const v1::SetTierCapacityRequest& req,
                                         v1::SetTierCapacityResponse* resp) {
   const auto kind = static_cast<TierKind>(req.tier());
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   Tier* tier = req.tier() == v1::TIER_DRAM || req.tier() == v1::TIER_SSD ? TierOf(kind) : nullptr;
   if (tier == nullptr) {
     return absl::FailedPreconditionError(
@@ -108,7 +108,7 @@ absl::Status StoreImpl::ListBlocks(const v1::ListBlocksRequest& req, v1::ListBlo
   if (has_token) {
     ASSIGN_OR_RETURN_WITH(after, ParseBlockKey(req.page_token()), "page_token");
   }
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   std::vector<const Entry*> matches;
   for (const auto& [k, e] : blocks_) {
     if (has_token && !(after < k)) continue;
@@ -198,7 +198,7 @@ absl::Status StoreImpl::Evict(const v1::EvictRequest& req, v1::EvictResponse* re
   if (req.tier() == v1::TIER_DRAM) tier = TierKind::kDram;
   if (req.tier() == v1::TIER_SSD) tier = TierKind::kSsd;
   if (req.tier() == v1::TIER_GPU) return absl::FailedPreconditionError("no GPU tier");
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   const int64_t now = NowMs();
   for (const BlockKey& k : SelectLocked(req.selector(), nullptr)) {
     auto it = blocks_.find(k);
@@ -226,7 +226,7 @@ absl::Status StoreImpl::Pin(const v1::PinRequest& req, v1::PinResponse* resp) {
   if (req.kind() == v1::PIN_TTL && req.ttl_seconds() == 0) {
     return absl::InvalidArgumentError("a TTL pin needs ttl_seconds > 0");
   }
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   uint64_t missing = 0;
   const std::vector<BlockKey> keys = SelectLocked(req.selector(), &missing);
   std::vector<BlockRecord> records;
@@ -250,7 +250,7 @@ absl::Status StoreImpl::Unpin(const v1::UnpinRequest& req, v1::UnpinResponse* re
   if (req.selector().selector_case() == v1::BlockSelector::SELECTOR_NOT_SET) {
     return absl::InvalidArgumentError("unpin needs a selector");
   }
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   std::vector<BlockRecord> records;
   for (const BlockKey& k : SelectLocked(req.selector(), nullptr)) {
     BlockRecord rec = blocks_[k].rec;
@@ -269,7 +269,7 @@ absl::Status StoreImpl::Unpin(const v1::UnpinRequest& req, v1::UnpinResponse* re
 
 absl::Status StoreImpl::Flush(v1::FlushResponse* resp) {
   if (!ssd_) return absl::FailedPreconditionError("no SSD tier to flush to");
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   std::vector<BlockKey> dram_only;
   for (const auto& [k, e] : blocks_) {
     if (e.rec.dram_slot && !e.rec.ssd_slot) dram_only.push_back(k);
@@ -297,7 +297,7 @@ absl::Status StoreImpl::Verify(const v1::VerifyRequest& req, v1::VerifyResponse*
   };
   std::vector<Check> checks;
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     for (auto& [k, e] : blocks_) {
       if (req.max_blocks() != 0 && checks.size() >= req.max_blocks()) break;
       bool any = false;
@@ -331,7 +331,7 @@ absl::Status StoreImpl::Verify(const v1::VerifyRequest& req, v1::VerifyResponse*
       reasons[i] = "ssd payload checksum mismatch";
     }
   }
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   absl::flat_hash_set<BlockKey> released;
   for (const Check& c : checks) {
     if (!released.insert(c.key).second) continue;
@@ -358,7 +358,7 @@ absl::Status StoreImpl::Drain(const v1::DrainRequest& req, v1::DrainResponse* re
         "drain to another cache server needs the transfer engine; drain to local SSD instead");
   }
   if (!ssd_) return absl::FailedPreconditionError("no SSD tier to drain to");
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   std::vector<BlockKey> dram_only;
   std::vector<BlockKey> in_dram;
   for (const auto& [k, e] : blocks_) {
@@ -385,7 +385,7 @@ absl::Status StoreImpl::Drain(const v1::DrainRequest& req, v1::DrainResponse* re
 }
 
 std::map<TierKind, std::vector<BlockKey>> StoreImpl::ResidentKeys() {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   std::map<TierKind, std::vector<BlockKey>> out;
   for (const auto& [k, e] : blocks_) {
     if (e.rec.dram_slot) out[TierKind::kDram].push_back(k);

@@ -106,8 +106,9 @@ StoreImpl::StoreImpl(StoreOptions options)
 
 StoreImpl::~StoreImpl() {
   {
-    absl::MutexLock lock(&stop_mu_);
+    std::lock_guard<std::mutex> lock(stop_mu_);
     stop_ = true;
+    stop_cv_.notify_all();
   }
   if (sweeper_.joinable()) sweeper_.join();
   events_.Close();
@@ -142,7 +143,7 @@ absl::Status StoreImpl::Init() {
   std::vector<BlockRecord> rewrite;
   size_t restored = 0;
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     RETURN_IF_ERROR(index_->ForEach(
         [&](BlockRecord rec) -> absl::Status {
           rec.dram_slot.reset();
@@ -174,11 +175,11 @@ absl::Status StoreImpl::Init() {
 void StoreImpl::SweeperLoop() {
   const absl::Duration period =
       std::clamp(options_.lease_ttl / 4, absl::Milliseconds(10), absl::Seconds(1));
-  absl::MutexLock lock(&stop_mu_);
-  while (!stop_mu_.AwaitWithTimeout(absl::Condition(&stop_), period)) {
-    stop_mu_.Unlock();
+  std::unique_lock<std::mutex> lock(stop_mu_);
+  while (!stop_cv_.wait_for(lock, absl::ToChronoNanoseconds(period), [&] { return stop_; })) {
+    lock.unlock();
     SweepLeases();
-    stop_mu_.Lock();
+    lock.lock();
   }
 }
 
@@ -419,7 +420,7 @@ void StoreImpl::EndLeaseLocked(Lease& lease) {
 }
 
 absl::Status StoreImpl::Release(uint64_t lease_id) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   auto it = leases_.find(lease_id);
   if (it == leases_.end()) return absl::NotFoundError(StrCat("no lease ", lease_id));
   if (it->second.busy) return absl::FailedPreconditionError("lease is being committed");
@@ -429,7 +430,7 @@ absl::Status StoreImpl::Release(uint64_t lease_id) {
 }
 
 std::vector<int64_t> StoreImpl::KeepAlive(const std::vector<uint64_t>& lease_ids) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   const int64_t now = NowMs();
   std::vector<int64_t> out;
   for (uint64_t id : lease_ids) {
@@ -445,7 +446,7 @@ std::vector<int64_t> StoreImpl::KeepAlive(const std::vector<uint64_t>& lease_ids
 }
 
 size_t StoreImpl::SweepLeases() {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   const int64_t now = NowMs();
   size_t expired = 0;
   for (auto it = leases_.begin(); it != leases_.end();) {
@@ -480,7 +481,7 @@ absl::Status StoreImpl::Reserve(const v1::ReserveRequest& req, v1::ReserveRespon
     }
     keys.emplace_back(key, parent);
   }
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   Lease lease;
   lease.write = true;
   const auto quota = options_.tenant_quota_bytes.find(req.tenant());
@@ -541,7 +542,7 @@ absl::Status StoreImpl::Commit(const v1::CommitRequest& req, v1::CommitResponse*
   // 1. Claim the lease and pair each committed key with its reserved slot.
   std::vector<Pending> pending;
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     auto it = leases_.find(req.lease_id());
     if (it == leases_.end() || !it->second.write) {
       return absl::NotFoundError(StrCat("no write lease ", req.lease_id(), " (expired?)"));
@@ -583,7 +584,7 @@ absl::Status StoreImpl::Commit(const v1::CommitRequest& req, v1::CommitResponse*
     std::vector<SsdTier::Io> ios;
     std::vector<size_t> io_pending;
     {
-      absl::MutexLock lock(&mu_);
+      std::lock_guard<std::mutex> lock(mu_);
       for (int i = 0; i < n; ++i) {
         if (!results[i].ok()) continue;
         const size_t p = *slot_of[i];
@@ -598,7 +599,7 @@ absl::Status StoreImpl::Commit(const v1::CommitRequest& req, v1::CommitResponse*
     if (!ios.empty()) {
       const std::vector<absl::Status> written = ssd_->WriteBatch(ios);
       const absl::Status synced = ssd_->Sync();
-      absl::MutexLock lock(&mu_);
+      std::lock_guard<std::mutex> lock(mu_);
       for (size_t j = 0; j < ios.size(); ++j) {
         if (written[j].ok() && synced.ok()) {
           ssd_slots[io_pending[j]] = ios[j].slot;
@@ -611,7 +612,7 @@ absl::Status StoreImpl::Commit(const v1::CommitRequest& req, v1::CommitResponse*
     }
   }
   // 4. Index, then memory, then events.
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   const int64_t now = NowMs();
   std::vector<BlockRecord> records;
   for (int i = 0; i < n; ++i) {
@@ -717,7 +718,7 @@ absl::Status StoreImpl::Lookup(const v1::LookupRequest& req, v1::LookupResponse*
   std::vector<Promotion> promotions;
   size_t hits = 0;
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     const int64_t now = NowMs();
     for (; hits < keys.size(); ++hits) {
       auto it = blocks_.find(keys[hits]);
@@ -762,7 +763,7 @@ absl::Status StoreImpl::Lookup(const v1::LookupRequest& req, v1::LookupResponse*
           {.slot = p.ssd_slot, .buffer = dram_->SlotSpan(p.dram_slot).data(), .length = p.length});
     }
     const std::vector<absl::Status> results = ssd_->ReadBatch(ios);
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     for (size_t j = 0; j < promotions.size(); ++j) {
       const Promotion& p = promotions[j];
       std::string reason;
@@ -801,7 +802,7 @@ absl::Status StoreImpl::Lookup(const v1::LookupRequest& req, v1::LookupResponse*
       }
     }
   }
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   Lease lease;
   for (size_t i = 0; i < hits; ++i) {
     auto it = blocks_.find(keys[i]);

@@ -9,6 +9,8 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
+#include <mutex>
 #include <thread>
 
 #include "absl/container/flat_hash_map.h"
@@ -116,7 +118,7 @@ class StoreImpl final : public BlockStore {
   std::unique_ptr<Metrics> metrics_;
   const int64_t start_ms_;
 
-  absl::Mutex mu_;
+  std::mutex mu_;
   absl::flat_hash_map<BlockKey, Entry> blocks_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_set<BlockKey> pending_keys_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, Lease> leases_ ABSL_GUARDED_BY(mu_);
@@ -127,7 +129,8 @@ class StoreImpl final : public BlockStore {
   uint64_t quarantined_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t lease_expiries_ ABSL_GUARDED_BY(mu_) = 0;
 
-  absl::Mutex stop_mu_;
+  std::mutex stop_mu_;
+  std::condition_variable stop_cv_;
   bool stop_ ABSL_GUARDED_BY(stop_mu_) = false;
   std::thread sweeper_;
 };
