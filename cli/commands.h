@@ -21,5 +21,6 @@ void RegisterConfigCommand(CLI::App& app);      // strata config print
 void RegisterInfoCommand(CLI::App& app);        // strata info
 void RegisterCacheCommand(CLI::App& app);       // strata cache (the cache server daemon)
 void RegisterAdminCacheCommand(CLI::App& app);  // strata admin cache ...
+void RegisterBenchTransferCommand(CLI::App& app);  // strata bench transfer
 
 }  // namespace strata::cli

@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
   strata::cli::RegisterInfoCommand(app);
   strata::cli::RegisterCacheCommand(app);
   strata::cli::RegisterAdminCacheCommand(app);
+  strata::cli::RegisterBenchTransferCommand(app);
 
   CLI11_PARSE(app, argc, argv);
   return 0;
