@@ -58,6 +58,10 @@ struct StoreOptions {
   std::map<std::string, uint64_t> tenant_quota_bytes;  // absent: unlimited
   // The clock, in Unix milliseconds (tests substitute their own).
   std::function<int64_t()> now_ms;
+  // Mints a transfer capability for [offset, offset + length) of the DRAM segment (write or
+  // read access) valid until `expires_ms`; unset: locations carry no capability.
+  std::function<std::string(uint64_t offset, uint64_t length, bool write, int64_t expires_ms)>
+      issue_capability;
   // Run the lease-expiry thread (tests with a fake clock call SweepLeases() themselves).
   bool background_sweeper = true;
 };

@@ -38,17 +38,26 @@ grpc::Status CacheControlService::Connect(grpc::ServerContext*, const v1::Connec
   seg->set_name(BlockStore::kDramSegment);
   seg->set_size_bytes(dram.arena_bytes());
   seg->set_tier(v1::TIER_DRAM);
-  auto* shm = seg->add_endpoints();
-  shm->set_kind(v1::TRANSPORT_SHM);
-  shm->set_address(dram.shm_path());
-  shm->set_host_id(options_.host_id);
-  // Same host and the client can do shm: that is the transport (the only one until the
-  // transfer engine is wired in).
+  for (const auto& ep : options_.endpoints) *seg->add_endpoints() = ep;
+  if (options_.endpoints.empty()) {
+    auto* shm = seg->add_endpoints();
+    shm->set_kind(v1::TRANSPORT_SHM);
+    shm->set_address(dram.shm_path());
+    shm->set_host_id(options_.host_id);
+  }
+  // The first of the client's transports (in its order of preference) that an endpoint offers;
+  // shm only on the same host.
   const bool same_host = !req->host_id().empty() && req->host_id() == options_.host_id;
-  bool client_shm = req->transports().empty();
-  for (int t : req->transports()) client_shm |= t == v1::TRANSPORT_SHM;
-  resp->set_chosen_transport(same_host && client_shm ? v1::TRANSPORT_SHM
-                                                     : v1::TRANSPORT_UNSPECIFIED);
+  std::vector<int> wanted(req->transports().begin(), req->transports().end());
+  if (wanted.empty()) wanted = {v1::TRANSPORT_SHM, v1::TRANSPORT_RDMA, v1::TRANSPORT_TCP};
+  for (int t : wanted) {
+    bool offered = false;
+    for (const auto& ep : seg->endpoints()) offered |= ep.kind() == t;
+    if (offered && (t != v1::TRANSPORT_SHM || same_host)) {
+      resp->set_chosen_transport(static_cast<v1::TransportKind>(t));
+      break;
+    }
+  }
   resp->set_lease_ttl_ms(
       static_cast<uint32_t>(absl::ToInt64Milliseconds(store_.options().lease_ttl)));
   return grpc::Status::OK;

@@ -24,6 +24,9 @@ class CacheControlService final : public v1::CacheControl::Service {
     std::string host_id;
     absl::Duration digest_interval = absl::Seconds(30);
     uint32_t digest_page_keys = 4096;
+    // Data-plane endpoints of the DRAM segment (the TransferServer's); empty: only the raw
+    // memfd path for same-host mapping.
+    std::vector<v1::TransportEndpoint> endpoints;
   };
   CacheControlService(BlockStore& store, Options options);
 

@@ -19,11 +19,45 @@ CacheServer::CacheServer(CacheServerOptions options) : options_(std::move(option
 CacheServer::~CacheServer() { Shutdown(); }
 
 absl::Status CacheServer::Start() {
+  const transfer::ClusterSecret secret(options_.cluster_secret);
+  options_.store.issue_capability = [secret](uint64_t offset, uint64_t length, bool write,
+                                             int64_t expires_ms) {
+    absl::StatusOr<std::string> token = transfer::IssueCapability(
+        secret, {.segment = BlockStore::kDramSegment,
+                 .offset = offset,
+                 .length = length,
+                 .access = write ? transfer::Access::kWrite : transfer::Access::kRead,
+                 .expires = absl::FromUnixMillis(expires_ms)});
+    return token.ok() ? *token : std::string();
+  };
   ASSIGN_OR_RETURN(store_, BlockStore::Open(options_.store));
-  control_ = std::make_unique<CacheControlService>(
-      *store_, CacheControlService::Options{.server_id = options_.store.server_id,
-                                            .host_id = options_.host_id,
-                                            .digest_interval = options_.digest_interval});
+  // The DRAM arena is the transfer segment clients write into and read from.
+  transfer::Segment dram = transfer::Segment::Host(BlockStore::kDramSegment, store_->dram().base(),
+                                                   store_->dram().arena_bytes());
+  dram.memfd = store_->dram().memfd();
+  RETURN_IF_ERROR(segments_.Register(std::move(dram)));
+  if (!options_.transfer_listen.empty() || !options_.shm_socket_path.empty()) {
+    ASSIGN_OR_RETURN(transfer_, transfer::TransferServer::Start(
+                                    &segments_, {.host_id = options_.host_id,
+                                                 .secret = secret,
+                                                 .tcp_listen = options_.transfer_listen,
+                                                 .shm_socket_path = options_.shm_socket_path}));
+  }
+  CacheControlService::Options control{.server_id = options_.store.server_id,
+                                       .host_id = options_.host_id,
+                                       .digest_interval = options_.digest_interval};
+  if (transfer_) {
+    for (const transfer::Endpoint& e : transfer_->endpoints()) {
+      v1::TransportEndpoint ep;
+      ep.set_kind(static_cast<v1::TransportKind>(e.kind));
+      ep.set_address(e.address);
+      ep.set_host_id(e.host_id);
+      ep.set_rdma_gid(e.rdma_gid);
+      ep.set_rdma_qp_count(e.rdma_qp_count);
+      control.endpoints.push_back(std::move(ep));
+    }
+  }
+  control_ = std::make_unique<CacheControlService>(*store_, std::move(control));
   admin_ = std::make_unique<CacheAdminService>(*store_, options_.admin_token);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -58,6 +92,8 @@ void CacheServer::Shutdown() {
   if (store_) store_->events().Close();
   if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   if (http_) http_->Stop();
+  // After gRPC stopped: no new leases; in-flight transfers finish before the arena goes.
+  if (transfer_) transfer_->Stop();
 }
 
 }  // namespace strata::cache

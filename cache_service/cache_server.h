@@ -16,6 +16,8 @@
 #include "cache_service/cache_admin_service.h"
 #include "cache_service/cache_control_service.h"
 #include "common/http_listener.h"
+#include "transfer/segment.h"
+#include "transfer/transfer_server.h"
 
 namespace strata::cache {
 
@@ -26,6 +28,11 @@ struct CacheServerOptions {
   std::string host_id;                      // empty: the host name
   std::string admin_token;                  // empty: admin calls refused
   absl::Duration digest_interval = absl::Seconds(30);
+  // Data plane: the DRAM arena is served as transfer segment "dram" by a TransferServer
+  // (transfer/transfer_server.h) on these listeners; capabilities are signed with the secret.
+  std::string cluster_secret;                   // empty: MACs with the empty key (dev only)
+  std::string transfer_listen = "127.0.0.1:0";  // tcp (and rdma side channel); empty: off
+  std::string shm_socket_path;                  // unix socket for shm mapping; empty: off
 };
 
 class CacheServer {
@@ -44,7 +51,9 @@ class CacheServer {
 
  private:
   CacheServerOptions options_;
+  transfer::SegmentRegistry segments_;
   std::unique_ptr<BlockStore> store_;
+  std::unique_ptr<transfer::TransferServer> transfer_;
   std::unique_ptr<CacheControlService> control_;
   std::unique_ptr<CacheAdminService> admin_;
   std::unique_ptr<grpc::Server> server_;

@@ -394,6 +394,12 @@ void StoreImpl::ForgetBytesLocked(const std::string& tenant, uint64_t bytes) {
 
 // ---------------------------------------------------------------- leases
 
+int64_t StoreImpl::CapabilityExpiryMs() const {
+  // KeepAlive cannot hand out new tokens, so a token outlives the first lease period by a grace
+  // of a few renewals; the lease itself still decides how long a slot stays reserved.
+  return NowMs() + 6 * absl::ToInt64Milliseconds(options_.lease_ttl);
+}
+
 uint64_t StoreImpl::NewLeaseLocked(Lease lease, v1::Lease* out) {
   lease.id = next_lease_id_++;
   lease.expires_ms = NowMs() + absl::ToInt64Milliseconds(options_.lease_ttl);
@@ -532,6 +538,10 @@ absl::Status StoreImpl::Reserve(const v1::ReserveRequest& req, v1::ReserveRespon
     loc->set_segment(kDramSegment);
     loc->set_offset(dram_->SlotOffset(*dram_slot));
     loc->set_length(bytes);
+    if (options_.issue_capability) {
+      loc->set_capability(
+          options_.issue_capability(loc->offset(), bytes, /*write=*/true, CapabilityExpiryMs()));
+    }
   }
   if (!lease.pending.empty()) NewLeaseLocked(std::move(lease), resp->mutable_lease());
   UpdateGaugesLocked();
@@ -823,6 +833,10 @@ absl::Status StoreImpl::Lookup(const v1::LookupRequest& req, v1::LookupResponse*
       loc->set_segment(kDramSegment);
       loc->set_offset(dram_->SlotOffset(*e.rec.dram_slot));
       dram_counters_.bytes_out += e.rec.payload_bytes;
+      if (options_.issue_capability) {
+        loc->set_capability(options_.issue_capability(loc->offset(), e.rec.payload_bytes,
+                                                      /*write=*/false, CapabilityExpiryMs()));
+      }
     } else {
       loc->set_tier(v1::TIER_SSD);
       loc->set_segment("ssd");

@@ -79,6 +79,7 @@ class StoreImpl final : public BlockStore {
   struct Metrics;
 
   int64_t NowMs() const { return options_.now_ms(); }
+  int64_t CapabilityExpiryMs() const;
   Tier* TierOf(TierKind kind);
   TierCounters& CountersOf(TierKind kind) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

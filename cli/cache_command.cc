@@ -33,6 +33,11 @@ absl::StatusOr<cache::CacheServerOptions> ToServerOptions(const StrataConfig& co
   o.http_listen = c.http_listen;
   o.host_id = c.host_id;
   o.digest_interval = c.digest_interval;
+  o.transfer_listen = c.transfer_listen;
+  o.shm_socket_path = c.shm_socket;
+  auto secret = ReadTokenFile(config.cluster.secret_file);
+  if (!secret.ok()) return secret.status();
+  o.cluster_secret = *secret;
   auto token = ReadTokenFile(config.cluster.admin_token_file);
   if (!token.ok()) return token.status();
   o.admin_token = *token;

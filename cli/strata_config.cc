@@ -32,6 +32,10 @@ void CacheSection::Register(ConfigSchema& schema) {
   schema.AddString("cache.listen", &listen, "gRPC address of the cache server (host:port)");
   schema.AddString("cache.http_listen", &http_listen,
                    "Address for /metrics and /healthz; empty turns HTTP off");
+  schema.AddString("cache.transfer_listen", &transfer_listen,
+                   "Data-plane (transfer engine tcp) address of the DRAM segment; empty: off");
+  schema.AddString("cache.shm_socket", &shm_socket,
+                   "Unix socket through which same-host clients map the DRAM arena; empty: off");
   schema.AddString("cache.server_id", &server_id, "Node id of this cache server (KV events)");
   schema.AddString("cache.host_id", &host_id,
                    "Host identity for same-host (shm) transfers; empty: the host name");

@@ -38,8 +38,10 @@ struct ClusterSection {
 
 // `cache.*`: the cache server (`strata cache`, cache_service/). Sizes are bytes.
 struct CacheSection {
-  std::string listen = "127.0.0.1:7400";       // gRPC (CacheControl, CacheAdmin)
-  std::string http_listen = "127.0.0.1:7401";  // /metrics, /healthz; empty: off
+  std::string listen = "127.0.0.1:7400";           // gRPC (CacheControl, CacheAdmin)
+  std::string http_listen = "127.0.0.1:7401";      // /metrics, /healthz; empty: off
+  std::string transfer_listen = "127.0.0.1:7402";  // data plane (tcp); empty: off
+  std::string shm_socket;  // unix socket for same-host shm mapping; empty: off
   std::string server_id = "cache-0";
   std::string host_id;  // empty: the host name
   std::string data_dir = "/var/lib/strata/cache";

@@ -40,6 +40,8 @@ class Daemon {
                                      "--set",
                                      "cache.http_listen=",
                                      "--set",
+                                     "cache.transfer_listen=",
+                                     "--set",
                                      "cache.data_dir=" + dir_,
                                      "--set",
                                      "cache.slot_bytes=8KiB",
