@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
   strata::cli::RegisterCacheCommand(app);
   strata::cli::RegisterAdminCacheCommand(app);
   strata::cli::RegisterBenchTransferCommand(app);
+  strata::cli::RegisterBenchStoreCommand(app);
 
   CLI11_PARSE(app, argc, argv);
   return 0;
