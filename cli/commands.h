@@ -17,9 +17,12 @@ CLI::App& AdminGroup(CLI::App& app);
 // Exit code for a failed command: print `message` to stderr and make main() return `code`.
 [[noreturn]] void Fail(int code, const std::string& message);
 
-void RegisterConfigCommand(CLI::App& app);  // strata config print
-void RegisterInfoCommand(CLI::App& app);    // strata info
+void RegisterConfigCommand(CLI::App& app);         // strata config print
+void RegisterInfoCommand(CLI::App& app);           // strata info
+void RegisterCacheCommand(CLI::App& app);          // strata cache (the cache server daemon)
+void RegisterAdminCacheCommand(CLI::App& app);     // strata admin cache ...
 void RegisterBenchTransferCommand(CLI::App& app);  // strata bench transfer
+void RegisterBenchStoreCommand(CLI::App& app);     // strata bench store
 
 // strata tokenize (compute_nodes/tokenizer)
 void RegisterTokenizeCommand(CLI::App& app);

@@ -13,8 +13,11 @@ int main(int argc, char** argv) {
 
   strata::cli::RegisterConfigCommand(app);
   strata::cli::RegisterInfoCommand(app);
+  strata::cli::RegisterCacheCommand(app);
   strata::cli::RegisterTokenizeCommand(app);
+  strata::cli::RegisterAdminCacheCommand(app);
   strata::cli::RegisterBenchTransferCommand(app);
+  strata::cli::RegisterBenchStoreCommand(app);
 #if STRATA_WITH_CUDA
   strata::cli::RegisterBenchKernelsCommand(app);
 #endif

@@ -28,9 +28,52 @@ void ClusterSection::Register(ConfigSchema& schema) {
                    "File with the bearer token for admin calls; empty refuses admin calls");
 }
 
+void CacheSection::Register(ConfigSchema& schema) {
+  schema.AddString("cache.listen", &listen, "gRPC address of the cache server (host:port)");
+  schema.AddString("cache.http_listen", &http_listen,
+                   "Address for /metrics and /healthz; empty turns HTTP off");
+  schema.AddString("cache.transfer_listen", &transfer_listen,
+                   "Data-plane (transfer engine tcp) address of the DRAM segment; empty: off");
+  schema.AddString("cache.shm_socket", &shm_socket,
+                   "Unix socket through which same-host clients map the DRAM arena; empty: off");
+  schema.AddString("cache.server_id", &server_id, "Node id of this cache server (KV events)");
+  schema.AddString("cache.host_id", &host_id,
+                   "Host identity for same-host (shm) transfers; empty: the host name");
+  schema.AddString("cache.data_dir", &data_dir, "Directory of the RocksDB index (and SSD tier)");
+  schema.AddBytes("cache.slot_bytes", &slot_bytes,
+                  "Bytes per block slot (largest block payload), a multiple of 4096");
+  schema.AddBytes("cache.dram.capacity", &dram_capacity, "DRAM tier capacity");
+  schema.AddBytes("cache.dram.max", &dram_max,
+                  "Largest DRAM capacity set-capacity may grow to; 0: the capacity");
+  schema.AddDouble("cache.dram.high_watermark", &dram_high_watermark,
+                   "Fraction of DRAM slots in use that starts eviction");
+  schema.AddDouble("cache.dram.low_watermark", &dram_low_watermark,
+                   "Fraction of DRAM slots eviction brings usage down to");
+  schema.AddString("cache.ssd.dir", &ssd_dir,
+                   "Directory of the SSD slot files; empty: data_dir/ssd");
+  schema.AddBytes("cache.ssd.capacity", &ssd_capacity, "SSD tier capacity; 0 disables the tier");
+  schema.AddBytes("cache.ssd.max", &ssd_max,
+                  "SSD bytes preallocated (the most set-capacity may grow to); 0: the capacity");
+  schema.AddInt("cache.ssd.slots_per_file", &ssd_slots_per_file, "Slots per SSD slot file", 1,
+                1 << 20);
+  schema.AddDouble("cache.ssd.high_watermark", &ssd_high_watermark,
+                   "Fraction of SSD slots in use that starts eviction");
+  schema.AddDouble("cache.ssd.low_watermark", &ssd_low_watermark,
+                   "Fraction of SSD slots eviction brings usage down to");
+  schema.AddEnum("cache.write_policy", &write_policy, {"write_through", "on_evict", "never"},
+                 "When DRAM blocks are written to SSD");
+  schema.AddDuration("cache.lease_ttl", &lease_ttl,
+                     "How long a lease lives without KeepAlive (a dead client's slots come back)");
+  schema.AddDuration("cache.digest_interval", &digest_interval,
+                     "Period of the full-state digest on KV event streams");
+  schema.AddStringList("cache.tenant_quotas", &tenant_quotas,
+                       "Per-tenant byte quotas, tenant=size (e.g. acme=100GiB)");
+}
+
 void StrataConfig::Register(ConfigSchema& schema) {
   log.Register(schema);
   cluster.Register(schema);
+  cache.Register(schema);
 }
 
 }  // namespace strata

@@ -5,10 +5,12 @@
 // effective values and where each came from.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/time/time.h"
 #include "common/config.h"
 #include "common/logging.h"
 
@@ -34,9 +36,38 @@ struct ClusterSection {
   void Register(ConfigSchema& schema);
 };
 
+// `cache.*`: the cache server (`strata cache`, cache_service/). Sizes are bytes.
+struct CacheSection {
+  std::string listen = "127.0.0.1:7400";           // gRPC (CacheControl, CacheAdmin)
+  std::string http_listen = "127.0.0.1:7401";      // /metrics, /healthz; empty: off
+  std::string transfer_listen = "127.0.0.1:7402";  // data plane (tcp); empty: off
+  std::string shm_socket;  // unix socket for same-host shm mapping; empty: off
+  std::string server_id = "cache-0";
+  std::string host_id;  // empty: the host name
+  std::string data_dir = "/var/lib/strata/cache";
+  uint64_t slot_bytes = 4608ull << 10;  // 4.5 MiB: a 64-token bf16 block of a 61-layer model
+  uint64_t dram_capacity = 8ull << 30;
+  uint64_t dram_max = 0;  // 0: dram capacity (the most set-capacity may grow it to)
+  double dram_high_watermark = 0.95;
+  double dram_low_watermark = 0.85;
+  std::string ssd_dir;        // empty: <data_dir>/ssd
+  uint64_t ssd_capacity = 0;  // 0: no SSD tier
+  uint64_t ssd_max = 0;
+  int64_t ssd_slots_per_file = 256;
+  double ssd_high_watermark = 0.95;
+  double ssd_low_watermark = 0.85;
+  std::string write_policy = "write_through";
+  absl::Duration lease_ttl = absl::Seconds(10);
+  absl::Duration digest_interval = absl::Seconds(30);
+  std::vector<std::string> tenant_quotas;  // "tenant=bytes", e.g. "acme=100GiB"
+
+  void Register(ConfigSchema& schema);
+};
+
 struct StrataConfig {
   LogSection log;
   ClusterSection cluster;
+  CacheSection cache;
 
   // Registers every section's options with `schema`, bound to this object's fields.
   void Register(ConfigSchema& schema);

@@ -1,0 +1,103 @@
+#include "cache_service/cache_admin_service.h"
+
+#include "common/grpc_status.h"
+#include "spdlog/spdlog.h"
+
+namespace strata::cache {
+namespace {
+
+// Compares without an early exit, so response time does not reveal how much of a guess matched.
+bool ConstantTimeEquals(std::string_view a, std::string_view b) {
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  for (size_t i = 0; i < a.size(); ++i) diff |= a[i] ^ b[i % (b.empty() ? 1 : b.size())];
+  return diff == 0 && !b.empty();
+}
+
+}  // namespace
+
+CacheAdminService::CacheAdminService(BlockStore& store, std::string admin_token)
+    : store_(store), token_(std::move(admin_token)) {}
+
+grpc::Status CacheAdminService::Authorize(const grpc::ServerContext* ctx) const {
+  if (token_.empty()) {
+    return {grpc::StatusCode::PERMISSION_DENIED,
+            "admin calls are disabled on this server (no cluster.admin_token_file)"};
+  }
+  const auto& md = ctx->client_metadata();
+  auto it = md.find("authorization");
+  if (it == md.end()) {
+    return {grpc::StatusCode::UNAUTHENTICATED, "missing 'authorization: Bearer <token>'"};
+  }
+  const std::string_view value(it->second.data(), it->second.size());
+  constexpr std::string_view kBearer = "Bearer ";
+  if (value.substr(0, kBearer.size()) != kBearer ||
+      !ConstantTimeEquals(value.substr(kBearer.size()), token_)) {
+    spdlog::warn("cache admin: call with a wrong token from {}", ctx->peer());
+    return {grpc::StatusCode::UNAUTHENTICATED, "wrong admin token"};
+  }
+  return grpc::Status::OK;
+}
+
+#define STRATA_ADMIN_AUTH()                             \
+  if (grpc::Status auth = Authorize(ctx); !auth.ok()) { \
+    return auth;                                        \
+  }
+
+grpc::Status CacheAdminService::GetStats(grpc::ServerContext* ctx, const v1::GetStatsRequest*,
+                                         v1::GetStatsResponse* resp) {
+  STRATA_ADMIN_AUTH();
+  store_.GetStats(resp);
+  return grpc::Status::OK;
+}
+
+grpc::Status CacheAdminService::SetTierCapacity(grpc::ServerContext* ctx,
+                                                const v1::SetTierCapacityRequest* req,
+                                                v1::SetTierCapacityResponse* resp) {
+  STRATA_ADMIN_AUTH();
+  return ToGrpcStatus(store_.SetTierCapacity(*req, resp));
+}
+
+grpc::Status CacheAdminService::ListBlocks(grpc::ServerContext* ctx,
+                                           const v1::ListBlocksRequest* req,
+                                           v1::ListBlocksResponse* resp) {
+  STRATA_ADMIN_AUTH();
+  return ToGrpcStatus(store_.ListBlocks(*req, resp));
+}
+
+grpc::Status CacheAdminService::Evict(grpc::ServerContext* ctx, const v1::EvictRequest* req,
+                                      v1::EvictResponse* resp) {
+  STRATA_ADMIN_AUTH();
+  return ToGrpcStatus(store_.Evict(*req, resp));
+}
+
+grpc::Status CacheAdminService::Pin(grpc::ServerContext* ctx, const v1::PinRequest* req,
+                                    v1::PinResponse* resp) {
+  STRATA_ADMIN_AUTH();
+  return ToGrpcStatus(store_.Pin(*req, resp));
+}
+
+grpc::Status CacheAdminService::Unpin(grpc::ServerContext* ctx, const v1::UnpinRequest* req,
+                                      v1::UnpinResponse* resp) {
+  STRATA_ADMIN_AUTH();
+  return ToGrpcStatus(store_.Unpin(*req, resp));
+}
+
+grpc::Status CacheAdminService::Flush(grpc::ServerContext* ctx, const v1::FlushRequest*,
+                                      v1::FlushResponse* resp) {
+  STRATA_ADMIN_AUTH();
+  return ToGrpcStatus(store_.Flush(resp));
+}
+
+grpc::Status CacheAdminService::Verify(grpc::ServerContext* ctx, const v1::VerifyRequest* req,
+                                       v1::VerifyResponse* resp) {
+  STRATA_ADMIN_AUTH();
+  return ToGrpcStatus(store_.Verify(*req, resp));
+}
+
+grpc::Status CacheAdminService::Drain(grpc::ServerContext* ctx, const v1::DrainRequest* req,
+                                      v1::DrainResponse* resp) {
+  STRATA_ADMIN_AUTH();
+  return ToGrpcStatus(store_.Drain(*req, resp));
+}
+
+}  // namespace strata::cache

@@ -1,0 +1,126 @@
+// strata cache [--config FILE] [--set key=value]... [--ready-file PATH]
+//
+// The cache server daemon: serves CacheControl and CacheAdmin over gRPC, /metrics and /healthz
+// over HTTP, until SIGINT or SIGTERM.
+#include <signal.h>
+
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <thread>
+
+#include "cache_service/cache_server.h"
+#include "cli/commands.h"
+#include "cli/strata_config.h"
+#include "common/strings.h"
+#include "spdlog/spdlog.h"
+
+namespace strata::cli {
+namespace {
+
+absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
+  if (path.empty()) return std::string();
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(StrCat("cannot read token file ", path));
+  std::string token((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return std::string(StripWhitespace(token));
+}
+
+absl::StatusOr<cache::CacheServerOptions> ToServerOptions(const StrataConfig& config) {
+  const CacheSection& c = config.cache;
+  cache::CacheServerOptions o;
+  o.listen = c.listen;
+  o.http_listen = c.http_listen;
+  o.host_id = c.host_id;
+  o.digest_interval = c.digest_interval;
+  o.transfer_listen = c.transfer_listen;
+  o.shm_socket_path = c.shm_socket;
+  auto secret = ReadTokenFile(config.cluster.secret_file);
+  if (!secret.ok()) return secret.status();
+  o.cluster_secret = *secret;
+  auto token = ReadTokenFile(config.cluster.admin_token_file);
+  if (!token.ok()) return token.status();
+  o.admin_token = *token;
+  cache::StoreOptions& s = o.store;
+  s.server_id = c.server_id;
+  s.data_dir = c.data_dir;
+  s.slot_bytes = c.slot_bytes;
+  s.dram_capacity_bytes = c.dram_capacity;
+  s.dram_max_bytes = c.dram_max;
+  s.dram_high_watermark = c.dram_high_watermark;
+  s.dram_low_watermark = c.dram_low_watermark;
+  s.ssd_dir = c.ssd_dir;
+  s.ssd_capacity_bytes = c.ssd_capacity;
+  s.ssd_max_bytes = c.ssd_max;
+  s.ssd_slots_per_file = static_cast<uint32_t>(c.ssd_slots_per_file);
+  s.ssd_high_watermark = c.ssd_high_watermark;
+  s.ssd_low_watermark = c.ssd_low_watermark;
+  auto policy = cache::ParseWritePolicy(c.write_policy);
+  if (!policy.ok()) return policy.status();
+  s.write_policy = *policy;
+  s.lease_ttl = c.lease_ttl;
+  for (const std::string& q : c.tenant_quotas) {
+    const size_t eq = q.rfind('=');
+    if (eq == std::string::npos || eq == 0) {
+      return absl::InvalidArgumentError(
+          StrCat("cache.tenant_quotas: '", q, "' is not tenant=size"));
+    }
+    auto bytes = ParseBytes(std::string_view(q).substr(eq + 1));
+    if (!bytes.ok()) return bytes.status();
+    s.tenant_quota_bytes[q.substr(0, eq)] = *bytes;
+  }
+  return o;
+}
+
+}  // namespace
+
+void RegisterCacheCommand(CLI::App& app) {
+  CLI::App* cmd = app.add_subcommand("cache", "Run the cache server (tiers, index, data plane)");
+  auto flags = std::make_shared<ConfigFlags>();
+  auto ready_file = std::make_shared<std::string>();
+  cmd->add_option("--config,-c", flags->file, "YAML config file")->check(CLI::ExistingFile);
+  cmd->add_option("--set", flags->overrides, "Override one key: key=value (repeatable)");
+  cmd->add_option("--ready-file", *ready_file,
+                  "Write 'grpc=PORT http=PORT' here once serving (for scripts and tests)");
+  cmd->callback([flags, ready_file] {
+    StrataConfig config;
+    ConfigSchema schema;
+    config.Register(schema);
+    if (absl::Status st = schema.Load({.file = flags->file, .overrides = flags->overrides});
+        !st.ok()) {
+      Fail(2, StrCat("config: ", st.message()));
+    }
+    if (absl::Status st = InitLogging(config.log.ToOptions("cache")); !st.ok()) {
+      Fail(2, StrCat("logging: ", st.message()));
+    }
+    auto options = ToServerOptions(config);
+    if (!options.ok()) Fail(2, StrCat("config: ", options.status().message()));
+    // Signals are taken by one thread with sigwait, so the server shuts down cleanly.
+    sigset_t signals;
+    sigemptyset(&signals);
+    sigaddset(&signals, SIGINT);
+    sigaddset(&signals, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+    cache::CacheServer server(*std::move(options));
+    if (absl::Status st = server.Start(); !st.ok()) {
+      Fail(1, StrCat("cache server: ", st.message()));
+    }
+    if (!ready_file->empty()) {
+      const std::string tmp = *ready_file + ".tmp";
+      std::ofstream(tmp) << "grpc=" << server.grpc_port() << " http=" << server.http_port() << "\n";
+      std::rename(tmp.c_str(), ready_file->c_str());
+    }
+    std::thread waiter([&] {
+      int sig = 0;
+      sigwait(&signals, &sig);
+      spdlog::info("cache server: signal {}, shutting down", sig);
+      server.Shutdown();
+    });
+    server.Wait();
+    // Wake the waiter if the server stopped on its own.
+    pthread_kill(waiter.native_handle(), SIGTERM);
+    waiter.join();
+  });
+}
+
+}  // namespace strata::cli

@@ -1,0 +1,80 @@
+// `strata admin cache ...` against a running daemon: tables, --json, and exit codes that mean
+// something (0 ok, 2 usage, 3 refused, 5 unreachable, 6 corrupt blocks found).
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <fstream>
+
+#include "tests/cache_service/daemon_util.h"
+#include "tests/cache_service/store_test_util.h"
+
+namespace strata::cache {
+namespace {
+
+using testing_util::Daemon;
+using testing_util::FreshDir;
+using testing_util::StrataBinary;
+
+struct CliRun {
+  int code = -1;
+  std::string out;
+};
+
+CliRun Strata(const std::string& args) {
+  CliRun r;
+  FILE* p = popen((StrataBinary() + " " + args + " 2>&1").c_str(), "r");
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
+  const int status = pclose(p);
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+TEST(AdminCliTest, CommandsTablesJsonAndExitCodes) {
+  const std::string dir = FreshDir("admin-cli");
+  const std::string token = dir + "/token";
+  std::ofstream(token) << "cli-token\n";
+  std::ofstream(dir + "/wrong") << "nope\n";
+  Daemon daemon(dir + "/data", token, {"cache.ssd.capacity=8MiB"});
+  daemon.Start();
+  if (HasFatalFailure()) return;
+  const std::string base = "admin cache -a " + daemon.address() + " --token-file " + token + " ";
+
+  CliRun r = Strata(base + "stats");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("TIER"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("dram"), std::string::npos) << r.out;
+
+  r = Strata(base + "--json tiers");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("\"TIER_SSD\""), std::string::npos) << r.out;
+
+  r = Strata("admin cache -a " + daemon.address() + " --token-file " + dir + "/wrong stats");
+  EXPECT_EQ(r.code, 3) << r.out;
+
+  r = Strata(base + "set-capacity --tier dram --capacity 1MiB");
+  EXPECT_EQ(r.code, 0) << r.out;
+  r = Strata(base + "set-capacity --tier tape --capacity 1MiB");
+  EXPECT_EQ(r.code, 2) << r.out;
+  r = Strata(base + "set-capacity --tier dram --capacity 1TiB");
+  EXPECT_EQ(r.code, 2) << r.out;  // beyond the arena: invalid argument
+
+  EXPECT_EQ(Strata(base + "list").code, 0);
+  EXPECT_EQ(Strata(base + "verify").code, 0);
+  EXPECT_EQ(Strata(base + "flush").code, 0);
+  EXPECT_EQ(Strata(base + "drain").code, 0);
+  EXPECT_EQ(Strata(base + "pin --all").code, 0);
+  EXPECT_EQ(Strata(base + "unpin --all").code, 0);
+  r = Strata(base + "--json evict --all");
+  EXPECT_EQ(r.code, 0) << r.out;
+  EXPECT_NE(r.out.find("evictedBlocks"), std::string::npos) << r.out;
+  EXPECT_EQ(Strata(base + "evict").code, 2);  // no selector
+  daemon.Kill();
+  r = Strata(base + "stats");
+  EXPECT_EQ(r.code, 5) << r.out;  // unreachable
+}
+
+}  // namespace
+}  // namespace strata::cache
