@@ -19,5 +19,7 @@ CLI::App& AdminGroup(CLI::App& app);
 
 void RegisterConfigCommand(CLI::App& app);  // strata config print
 void RegisterInfoCommand(CLI::App& app);    // strata info
+void RegisterModelCommand(CLI::App& app);     // strata model make-random | logits
+void RegisterGenerateCommand(CLI::App& app);  // strata generate
 
 }  // namespace strata::cli

@@ -13,6 +13,8 @@ int main(int argc, char** argv) {
 
   strata::cli::RegisterConfigCommand(app);
   strata::cli::RegisterInfoCommand(app);
+  strata::cli::RegisterModelCommand(app);
+  strata::cli::RegisterGenerateCommand(app);
 
   CLI11_PARSE(app, argc, argv);
   return 0;
