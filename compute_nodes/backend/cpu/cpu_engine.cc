@@ -94,14 +94,22 @@ absl::Status CpuEngine::Forward(std::span<const SequenceInput> batch,
       std::copy_n(row, kvr, pool_.Latent(page, l) + slot * kvr);
       std::copy_n(row + kvr, rope, pool_.KPe(page, l) + slot * rope);
     }
+    // Prefill chunks decompress their pages once; then every (sequence, head) pair is one task.
+    std::vector<bool> absorbed(batch.size());
+    std::vector<std::vector<float>> kv(batch.size());
     for (size_t s = 0; s < batch.size(); ++s) {
       const SequenceInput& in = batch[s];
-      const int64_t rows = static_cast<int64_t>(in.tokens.size());
-      const bool absorbed = in.form == runtime::AttentionForm::kAbsorbed ||
-                            (in.form == runtime::AttentionForm::kAuto && rows == 1);
-      Attention(l, in, absorbed, q.data() + first_row[s] * heads * qk, rows,
-                attn.data() + first_row[s] * heads * c.v_head_dim);
+      absorbed[s] = in.form == runtime::AttentionForm::kAbsorbed ||
+                    (in.form == runtime::AttentionForm::kAuto && in.tokens.size() == 1);
+      if (!absorbed[s]) kv[s] = Decompress(l, in);
     }
+    ParallelFor(static_cast<int64_t>(batch.size()) * heads, [&](int64_t task) {
+      const size_t s = static_cast<size_t>(task / heads);
+      const SequenceInput& in = batch[s];
+      AttendHead(l, in, absorbed[s], kv[s], q.data() + first_row[s] * heads * qk,
+                 static_cast<int64_t>(in.tokens.size()), task % heads,
+                 attn.data() + first_row[s] * heads * c.v_head_dim);
+    });
     LinearForward(L.o_proj, attn.data(), n, x.data(), /*accumulate=*/true);
 
     std::copy(x.begin(), x.end(), xn.begin());
@@ -111,23 +119,54 @@ absl::Status CpuEngine::Forward(std::span<const SequenceInput> batch,
   }
   RmsNorm(x.data(), n, h, h, w.final_norm.data(), c.rms_norm_eps);
 
+  // The LM head runs once for the rows of all sequences (a GEMM, not one GEMV per sequence).
+  std::vector<int64_t> out_rows(batch.size()), out_first(batch.size());
+  int64_t total = 0;
+  for (size_t s = 0; s < batch.size(); ++s) {
+    out_rows[s] = batch[s].all_logits ? static_cast<int64_t>(batch[s].tokens.size()) : 1;
+    out_first[s] = total;
+    total += out_rows[s];
+  }
+  std::vector<float> final_rows(total * h);
+  for (size_t s = 0; s < batch.size(); ++s) {
+    const int64_t row0 = first_row[s] + static_cast<int64_t>(batch[s].tokens.size()) - out_rows[s];
+    std::copy_n(x.data() + row0 * h, out_rows[s] * h, final_rows.data() + out_first[s] * h);
+  }
+  std::vector<float> logits(total * c.vocab_size);
+  LinearForward(w.lm_head, final_rows.data(), total, logits.data());
   outputs->assign(batch.size(), {});
   for (size_t s = 0; s < batch.size(); ++s) {
-    const SequenceInput& in = batch[s];
-    const int64_t rows = in.all_logits ? static_cast<int64_t>(in.tokens.size()) : 1;
-    const int64_t row0 = first_row[s] + static_cast<int64_t>(in.tokens.size()) - rows;
     auto& out = (*outputs)[s];
-    out.rows = rows;
-    out.logits.resize(rows * c.vocab_size);
-    LinearForward(w.lm_head, x.data() + row0 * h, rows, out.logits.data());
+    out.rows = out_rows[s];
+    const float* src = logits.data() + out_first[s] * c.vocab_size;
+    out.logits.assign(src, src + out_rows[s] * c.vocab_size);
   }
   return absl::OkStatus();
 }
 
-// One sequence's attention for its `rows` new tokens (positions start_pos..), all heads.
-// q: [rows][heads][qk] (RoPE applied); out: [rows][heads][v_head_dim].
-void CpuEngine::Attention(int64_t layer, const SequenceInput& in, bool absorbed, const float* q,
-                          int64_t rows, float* out) {
+// The sequence's context decompressed for the MHA form: kv[page][B][heads][nope + v].
+std::vector<float> CpuEngine::Decompress(int64_t layer, const SequenceInput& in) const {
+  const ModelConfig& c = weights_->config;
+  const model::LayerWeights& L = weights_->layers[layer];
+  const int64_t b = pool_.layout().block_tokens;
+  const int64_t ctx = in.start_pos + static_cast<int64_t>(in.tokens.size());
+  const int64_t n_pages = (ctx + b - 1) / b;
+  const int64_t per_token = c.num_attention_heads * (c.qk_nope_head_dim + c.v_head_dim);
+  std::vector<float> kv(n_pages * b * per_token);
+  for (int64_t p = 0; p < n_pages; ++p) {
+    const int64_t valid = std::min(b, ctx - p * b);
+    LinearForward(L.kv_b_proj, pool_.Latent(in.pages->pages[p], layer), valid,
+                  kv.data() + p * b * per_token);
+  }
+  return kv;
+}
+
+// Head `hd` of one sequence's attention for its `rows` new tokens (positions start_pos..).
+// q: [rows][heads][qk] (RoPE applied); out: [rows][heads][v_head_dim]. Pages are merged by online
+// softmax (running max and sum), which is exact.
+void CpuEngine::AttendHead(int64_t layer, const SequenceInput& in, bool absorbed,
+                           const std::vector<float>& kv, const float* q, int64_t rows, int64_t hd,
+                           float* out) const {
   const ModelConfig& c = weights_->config;
   const model::LayerWeights& L = weights_->layers[layer];
   const int64_t heads = c.num_attention_heads;
@@ -138,19 +177,7 @@ void CpuEngine::Attention(int64_t layer, const SequenceInput& in, bool absorbed,
   const int64_t n_pages = (ctx + b - 1) / b;
   const float scale = static_cast<float>(c.SoftmaxScale());
   const int64_t kv_row = nope + vd;  // kv_b_proj rows per head: W_UK [nope] then W_UV [vd]
-
-  // In the MHA form the pages are decompressed once for all heads: kv[page][B][heads][nope+vd].
-  std::vector<float> kv;
-  if (!absorbed) {
-    kv.resize(n_pages * b * heads * kv_row);
-    for (int64_t p = 0; p < n_pages; ++p) {
-      const int64_t valid = std::min(b, ctx - p * b);
-      LinearForward(L.kv_b_proj, pool_.Latent(in.pages->pages[p], layer), valid,
-                    kv.data() + p * b * heads * kv_row);
-    }
-  }
-
-  ParallelFor(heads, [&](int64_t hd) {
+  {
     const int64_t value_dim = absorbed ? kvr : vd;
     // Query for this head: [rows][dq], where the score is q · [key_nope_or_latent | k_pe].
     const int64_t dq = absorbed ? kvr : nope;
@@ -235,7 +262,7 @@ void CpuEngine::Attention(int64_t layer, const SequenceInput& in, bool absorbed,
         std::copy_n(acc.data() + r * vd, vd, out + (r * heads + hd) * vd);
       }
     }
-  });
+  }
 }
 
 void CpuEngine::FeedForward(int64_t layer, const float* x, int64_t n, float* y) {

@@ -29,8 +29,10 @@ class CpuEngine final : public runtime::Engine {
     int64_t seq;       // index in the batch
     int64_t position;  // absolute position
   };
-  void Attention(int64_t layer, const runtime::SequenceInput& in, bool absorbed, const float* q,
-                 int64_t rows, float* out);
+  std::vector<float> Decompress(int64_t layer, const runtime::SequenceInput& in) const;
+  void AttendHead(int64_t layer, const runtime::SequenceInput& in, bool absorbed,
+                  const std::vector<float>& kv, const float* q, int64_t rows, int64_t hd,
+                  float* out) const;
   void FeedForward(int64_t layer, const float* x, int64_t n, float* y);
 
   std::shared_ptr<const model::ModelWeights> weights_;
