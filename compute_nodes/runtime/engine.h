@@ -4,7 +4,8 @@
 //
 // The caller owns page tables and page allocation (EnsureCapacity before Forward) and may fill
 // pages from cache blocks (KvPool::ImportPage) to skip a cached prefix. An engine is not
-// thread-safe: one Forward at a time.
+// thread-safe: one Forward at a time. Sequences of one batch may share read-only prefix pages
+// but never a page that the batch writes (positions >= start_pos).
 #pragma once
 
 #include <cstdint>

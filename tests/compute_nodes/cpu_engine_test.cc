@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <numeric>
 
 #include "compute_nodes/model/make_random.h"
@@ -127,6 +129,63 @@ TEST(CpuEngineTest, RejectsBadInput) {
   EXPECT_EQ(e.Forward({&too_long, 1}, &out).code(), absl::StatusCode::kInvalidArgument);
   SequenceInput no_pages{many, 0, nullptr, false, AttentionForm::kAuto};
   EXPECT_EQ(e.Forward({&no_pages, 1}, &out).code(), absl::StatusCode::kInvalidArgument);
+}
+
+model::ModelConfig RoutingConfig(model::ModelType type) {
+  model::ModelConfig c;
+  c.type = type;
+  c.n_routed_experts = 8;
+  c.n_group = 4;
+  c.topk_group = 2;
+  c.num_experts_per_tok = 2;
+  c.routed_scaling_factor = 2.5;
+  c.norm_topk_prob = true;
+  c.scoring_func = type == model::ModelType::kDeepseekV3 ? model::ScoringFunc::kSigmoid
+                                                         : model::ScoringFunc::kSoftmax;
+  c.topk_method = type == model::ModelType::kDeepseekV3 ? model::TopkMethod::kNoauxTc
+                                                        : model::TopkMethod::kGroupLimitedGreedy;
+  return c;
+}
+
+TEST(RoutingTest, ZeroBiasTiesGoToTheLowerExpert) {
+  const auto c = RoutingConfig(model::ModelType::kDeepseekV3);
+  const std::vector<float> logits(8, 0.0f), bias(8, 0.0f);
+  std::vector<int32_t> experts;
+  std::vector<float> weights;
+  cpu::RouteToken(c, logits.data(), bias.data(), &experts, &weights);
+  std::sort(experts.begin(), experts.end());
+  EXPECT_EQ(experts, (std::vector<int32_t>{0, 1}));
+  for (float w : weights) EXPECT_FLOAT_EQ(w, 0.5f * 2.5f);  // normalized, then scaled
+}
+
+TEST(RoutingTest, BiasSteersChoiceButNotWeights) {
+  const auto c = RoutingConfig(model::ModelType::kDeepseekV3);
+  std::vector<float> logits(8, 0.0f), bias(8, 0.0f);
+  logits[6] = 1.0f;  // group 3 has the best raw score...
+  bias[5] = 0.3f;    // ...but group 2's biased sum (0.8 + 0.5) wins, group 3 comes second
+  std::vector<int32_t> experts;
+  std::vector<float> weights;
+  cpu::RouteToken(c, logits.data(), bias.data(), &experts, &weights);
+  ASSERT_EQ(experts.size(), 2u);
+  EXPECT_EQ(experts[0], 5);
+  EXPECT_EQ(experts[1], 6);
+  const float s5 = 0.5f, s6 = 1.0f / (1.0f + std::exp(-1.0f));  // unbiased sigmoid scores
+  EXPECT_NEAR(weights[0], s5 / (s5 + s6) * 2.5f, 1e-6);
+  EXPECT_NEAR(weights[1], s6 / (s5 + s6) * 2.5f, 1e-6);
+}
+
+TEST(RoutingTest, V2GroupLimitedGreedyScalesSoftmaxWithoutNormalizing) {
+  const auto c = RoutingConfig(model::ModelType::kDeepseekV2);  // norm_topk_prob ignored, as HF
+  std::vector<float> logits = {0.0f, 0.1f, 3.0f, 0.0f, 0.0f, 2.0f, 2.5f, 0.0f};
+  std::vector<int32_t> experts;
+  std::vector<float> weights;
+  cpu::RouteToken(c, logits.data(), nullptr, &experts, &weights);
+  // Group maxima: g1 (e2: 3.0) and g3 (e6: 2.5) win; e5 (2.0, in g2) is excluded.
+  EXPECT_EQ(experts, (std::vector<int32_t>{2, 6}));
+  double z = 0;
+  for (float l : logits) z += std::exp(l);
+  EXPECT_NEAR(weights[0], std::exp(3.0) / z * 2.5, 1e-6);
+  EXPECT_NEAR(weights[1], std::exp(2.5) / z * 2.5, 1e-6);
 }
 
 TEST(KvPoolTest, PayloadIsLayerMajorLatentThenKPe) {

@@ -80,6 +80,25 @@ TEST(ModelCliTest, MakeRandomThenGenerate) {
   ReadNpy(dir + "/l.npy", 3, 129280);
 }
 
+// --config takes any valid DeepSeek config, here transformers 5.x's rope_parameters form.
+TEST(ModelCliTest, MakeRandomFromAConfigFile) {
+  const std::string dir = testing::TempDir() + "/cli_from_config";
+  std::filesystem::remove_all(dir);
+  Result r = RunStrata("model make-random --config " + testutil::FixtureDir() +
+                       "/hf_saved_v3_ckpt/config.json --seed 4 --shard-mb 1 --out " + dir);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(std::filesystem::exists(dir + "/model.safetensors")) << "below the shard size";
+  const nlohmann::json written = testutil::ReadJson(dir + "/config.json");
+  EXPECT_EQ(written["rope_scaling"]["type"], "yarn");
+  EXPECT_EQ(written["qk_rope_head_dim"], 16);
+  EXPECT_EQ(written["vocab_size"], 256);
+  r = RunStrata("model logits --model " + dir + " --ids-list 1,2,3,4 --out " + dir + "/l.npy");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ReadNpy(dir + "/l.npy", 4, 256);
+  r = RunStrata("model make-random --preset tiny --config x.json --out " + dir);
+  EXPECT_NE(r.exit_code, 0);
+}
+
 TEST(ModelCliTest, ErrorsExitNonZeroWithAMessage) {
   Result r = RunStrata("model make-random --preset nope --out " + testing::TempDir() + "/x");
   EXPECT_NE(r.exit_code, 0);
