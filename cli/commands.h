@@ -22,4 +22,7 @@ void RegisterInfoCommand(CLI::App& app);    // strata info
 void RegisterModelCommand(CLI::App& app);     // strata model make-random | logits
 void RegisterGenerateCommand(CLI::App& app);  // strata generate
 
+// strata tokenize (compute_nodes/tokenizer)
+void RegisterTokenizeCommand(CLI::App& app);
+
 }  // namespace strata::cli

@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
 
   strata::cli::RegisterConfigCommand(app);
   strata::cli::RegisterInfoCommand(app);
+  strata::cli::RegisterTokenizeCommand(app);
   strata::cli::RegisterModelCommand(app);
   strata::cli::RegisterGenerateCommand(app);
 

@@ -7,6 +7,7 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <optional>
 
 #include "cli/commands.h"
 #include "common/strings.h"
@@ -14,6 +15,7 @@
 #include "compute_nodes/model/make_random.h"
 #include "compute_nodes/model/weights.h"
 #include "compute_nodes/runtime/generate.h"
+#include "compute_nodes/tokenizer/tokenizer.h"
 
 namespace strata::cli {
 namespace {
@@ -133,31 +135,60 @@ void RegisterModelCommand(CLI::App& app) {
 
 void RegisterGenerateCommand(CLI::App& app) {
   struct Args {
-    std::string dir, prompt_ids, backend = "cpu";
+    std::string dir, prompt, prompt_ids, backend = "cpu";
+    std::vector<std::string> stops;
     runtime::SamplingParams sampling;
     int64_t chunk = 256;
   };
   auto a = std::make_shared<Args>();
   CLI::App* gen = app.add_subcommand("generate", "Generate tokens from a prompt");
   gen->add_option("--model", a->dir, "Model directory (HF format)")->required();
-  gen->add_option("--prompt-ids", a->prompt_ids, "Prompt token ids, comma separated")->required();
+  gen->add_option("--prompt", a->prompt, "Prompt text (encoded with the model's tokenizer.json)");
+  gen->add_option("--prompt-ids", a->prompt_ids, "Prompt token ids, comma separated");
   gen->add_option("--max-tokens", a->sampling.max_tokens, "Tokens to generate")->default_val(16);
   gen->add_option("--temperature", a->sampling.temperature, "0: greedy")->default_val(0.0f);
   gen->add_option("--top-k", a->sampling.top_k, "0: all")->default_val(0);
   gen->add_option("--top-p", a->sampling.top_p, "Nucleus mass")->default_val(1.0f);
   gen->add_option("--seed", a->sampling.seed, "Sampling seed")->default_val(0);
   gen->add_option("--stop-id", a->sampling.stop_ids, "Stop at these ids");
+  gen->add_option("--stop", a->stops, "Stop once the output text contains this (with --prompt)");
   gen->add_option("--prefill-chunk", a->chunk, "Prefill chunk tokens")->default_val(256);
   gen->add_option("--backend", a->backend, "cpu")->default_val("cpu");
-  // A `--prompt TEXT` option lands here with the tokenizer: encode it into the prompt ids and set
-  // sampling.detokenize so that --stop strings work; nothing below changes.
   gen->callback([a] {
     CheckBackend(a->backend);
-    const std::vector<int32_t> prompt = ParseIds(a->prompt_ids, "");
+    if (a->prompt.empty() == a->prompt_ids.empty()) {
+      Fail(2, "give exactly one of --prompt, --prompt-ids");
+    }
+    // With --prompt, text goes through the model's tokenizer both ways: the prompt is encoded,
+    // the output streamed as whole UTF-8 characters, and --stop strings are matched on it.
+    std::unique_ptr<tokenizer::Tokenizer> tok;
+    std::vector<int32_t> prompt;
+    if (!a->prompt.empty()) {
+      auto loaded = tokenizer::Tokenizer::Load(a->dir);
+      if (!loaded.ok()) Fail(1, loaded.status().ToString());
+      tok = std::move(*loaded);
+      auto ids = tok->Encode(a->prompt, /*add_special_tokens=*/true);
+      if (!ids.ok()) Fail(2, ids.status().ToString());
+      prompt = std::move(*ids);
+      a->sampling.stop_strings = a->stops;
+      a->sampling.detokenize = [t = tok.get()](std::span<const int32_t> out) {
+        return t->Decode(out);
+      };
+    } else {
+      prompt = ParseIds(a->prompt_ids, "");
+    }
     auto engine =
         OpenCpuEngine(a->dir, static_cast<int64_t>(prompt.size()) + a->sampling.max_tokens);
-    auto result = runtime::Generate(*engine, prompt, a->sampling, a->chunk,
-                                    [](int32_t id) { std::cout << id << ' ' << std::flush; });
+    std::optional<tokenizer::StreamDecoder> stream;
+    if (tok) stream.emplace(tok.get());
+    auto result = runtime::Generate(*engine, prompt, a->sampling, a->chunk, [&](int32_t id) {
+      if (stream) {
+        std::cout << stream->Add(id) << std::flush;
+      } else {
+        std::cout << id << ' ' << std::flush;
+      }
+    });
+    if (stream) std::cout << stream->Flush();
     if (!result.ok()) Fail(1, result.status().ToString());
     const size_t n = result->tokens.size();
     std::cout << "\n"

@@ -80,6 +80,22 @@ TEST(ModelCliTest, MakeRandomThenGenerate) {
   ReadNpy(dir + "/l.npy", 3, 129280);
 }
 
+// With the real tokenizer (copied into the checkpoint by make-random), --prompt takes text.
+TEST(ModelCliTest, GenerateFromTextPrompt) {
+  const std::string dir = testing::TempDir() + "/cli_tiny_text";
+  std::filesystem::remove_all(dir);
+  Result r = RunStrata("model make-random --preset tiny --seed 3 --out " + dir);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  if (!std::filesystem::exists(dir + "/tokenizer.json")) {
+    GTEST_SKIP() << "DeepSeek-V3 tokenizer not installed (scripts/fetch-npm.sh)";
+  }
+  r = RunStrata("generate --model " + dir + " --prompt 'Hello, world' --max-tokens 4");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("generated 4 tokens"), std::string::npos) << r.output;
+  r = RunStrata("generate --model " + dir + " --prompt hi --prompt-ids 1,2");
+  EXPECT_NE(r.exit_code, 0);
+}
+
 // --config takes any valid DeepSeek config, here transformers 5.x's rope_parameters form.
 TEST(ModelCliTest, MakeRandomFromAConfigFile) {
   const std::string dir = testing::TempDir() + "/cli_from_config";
