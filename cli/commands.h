@@ -23,6 +23,8 @@ void RegisterCacheCommand(CLI::App& app);          // strata cache (the cache se
 void RegisterAdminCacheCommand(CLI::App& app);     // strata admin cache ...
 void RegisterBenchTransferCommand(CLI::App& app);  // strata bench transfer
 void RegisterBenchStoreCommand(CLI::App& app);     // strata bench store
+void RegisterModelCommand(CLI::App& app);         // strata model make-random | logits
+void RegisterGenerateCommand(CLI::App& app);      // strata generate
 
 // strata tokenize (compute_nodes/tokenizer)
 void RegisterTokenizeCommand(CLI::App& app);

@@ -15,6 +15,8 @@ int main(int argc, char** argv) {
   strata::cli::RegisterInfoCommand(app);
   strata::cli::RegisterCacheCommand(app);
   strata::cli::RegisterTokenizeCommand(app);
+  strata::cli::RegisterModelCommand(app);
+  strata::cli::RegisterGenerateCommand(app);
   strata::cli::RegisterAdminCacheCommand(app);
   strata::cli::RegisterBenchTransferCommand(app);
   strata::cli::RegisterBenchStoreCommand(app);

@@ -20,6 +20,8 @@ if(NOT RocksDB_FOUND)
 endif()
 pkg_check_modules(XXHASH REQUIRED IMPORTED_TARGET libxxhash)
 pkg_check_modules(URING REQUIRED IMPORTED_TARGET liburing)
+# CPU backend GEMMs (libopenblas-dev; the pthread variant is the default alternative).
+pkg_check_modules(OPENBLAS REQUIRED IMPORTED_TARGET openblas)
 
 find_program(STRATA_PROTOC protoc REQUIRED)
 find_program(STRATA_GRPC_CPP_PLUGIN grpc_cpp_plugin REQUIRED)

@@ -1,0 +1,126 @@
+#include "compute_nodes/runtime/kv_pool.h"
+
+#include <cstring>
+
+#include "common/strings.h"
+#include "compute_nodes/model/safetensors.h"
+
+namespace strata::runtime {
+
+KvPool::KvPool(KvLayout layout, int64_t num_pages)
+    : layout_(layout),
+      num_pages_(num_pages),
+      storage_(static_cast<size_t>(num_pages * layout.floats_per_page()), 0.0f),
+      in_use_(num_pages, false) {
+  free_.reserve(num_pages);
+  for (int64_t p = num_pages - 1; p >= 0; --p) free_.push_back(static_cast<int32_t>(p));
+}
+
+int64_t KvPool::free_pages() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int64_t>(free_.size());
+}
+
+absl::StatusOr<int32_t> KvPool::Allocate() {
+  absl::MutexLock lock(&mu_);
+  if (free_.empty()) {
+    return absl::ResourceExhaustedError(StrCat("KV pool: all ", num_pages_, " pages in use"));
+  }
+  const int32_t p = free_.back();
+  free_.pop_back();
+  in_use_[p] = true;
+  return p;
+}
+
+void KvPool::Free(int32_t page) {
+  absl::MutexLock lock(&mu_);
+  if (page < 0 || page >= num_pages_ || !in_use_[page]) return;
+  in_use_[page] = false;
+  free_.push_back(page);
+}
+
+float* KvPool::Latent(int32_t page, int64_t layer) {
+  return storage_.data() + page * layout_.floats_per_page() + layer * layout_.floats_per_layer();
+}
+float* KvPool::KPe(int32_t page, int64_t layer) {
+  return Latent(page, layer) + layout_.block_tokens * layout_.latent_dim;
+}
+const float* KvPool::Latent(int32_t page, int64_t layer) const {
+  return storage_.data() + page * layout_.floats_per_page() + layer * layout_.floats_per_layer();
+}
+const float* KvPool::KPe(int32_t page, int64_t layer) const {
+  return Latent(page, layer) + layout_.block_tokens * layout_.latent_dim;
+}
+
+size_t KvPool::PayloadBytes(PayloadDtype dtype) const {
+  return static_cast<size_t>(layout_.floats_per_page()) * (dtype == PayloadDtype::kF32 ? 4 : 2);
+}
+
+absl::Status KvPool::CheckPage(int32_t page) const {
+  if (page < 0 || page >= num_pages_) {
+    return absl::InvalidArgumentError(StrCat("KV pool: page ", page, " out of range"));
+  }
+  return absl::OkStatus();
+}
+
+// The page already has the payload's layer-major layout, so conversion is element-wise.
+absl::Status KvPool::ExportPage(int32_t page, PayloadDtype dtype,
+                                std::vector<uint8_t>* payload) const {
+  if (auto st = CheckPage(page); !st.ok()) return st;
+  const float* src = storage_.data() + page * layout_.floats_per_page();
+  const int64_t n = layout_.floats_per_page();
+  payload->resize(PayloadBytes(dtype));
+  if (dtype == PayloadDtype::kF32) {
+    std::memcpy(payload->data(), src, n * 4);
+  } else {
+    for (int64_t i = 0; i < n; ++i) {
+      const uint16_t b = model::FloatToBf16(src[i]);
+      std::memcpy(payload->data() + 2 * i, &b, 2);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status KvPool::ImportPage(int32_t page, PayloadDtype dtype,
+                                std::span<const uint8_t> payload) {
+  if (auto st = CheckPage(page); !st.ok()) return st;
+  if (payload.size() != PayloadBytes(dtype)) {
+    return absl::InvalidArgumentError(
+        StrCat("KV pool: payload of ", payload.size(), " bytes, expected ", PayloadBytes(dtype)));
+  }
+  float* dst = storage_.data() + page * layout_.floats_per_page();
+  const int64_t n = layout_.floats_per_page();
+  if (dtype == PayloadDtype::kF32) {
+    std::memcpy(dst, payload.data(), n * 4);
+  } else {
+    for (int64_t i = 0; i < n; ++i) {
+      uint16_t b;
+      std::memcpy(&b, payload.data() + 2 * i, 2);
+      dst[i] = model::Bf16ToFloat(b);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status EnsureCapacity(KvPool& pool, PageTable& table, int64_t tokens) {
+  const int64_t b = pool.layout().block_tokens;
+  const int64_t need = (tokens + b - 1) / b;
+  std::vector<int32_t> added;
+  while (static_cast<int64_t>(table.pages.size() + added.size()) < need) {
+    auto page = pool.Allocate();
+    if (!page.ok()) {
+      for (int32_t p : added) pool.Free(p);
+      return page.status();
+    }
+    added.push_back(*page);
+  }
+  table.pages.insert(table.pages.end(), added.begin(), added.end());
+  return absl::OkStatus();
+}
+
+void ReleasePages(KvPool& pool, PageTable& table) {
+  for (int32_t p : table.pages) pool.Free(p);
+  table.pages.clear();
+}
+
+}  // namespace strata::runtime

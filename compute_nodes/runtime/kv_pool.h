@@ -1,0 +1,73 @@
+// Paged latent KV pool (ARCHITECTURE.md §3, §6): a page holds one block of B tokens for every
+// layer, laid out exactly like a block payload — layer-major, per layer latent [B][kv_lora_rank]
+// then k_pe [B][rope_dim] — so a cache block maps one-to-one onto a page.
+//
+// The pool stores fp32 (the CPU backend's precision). Export/Import convert to and from a block
+// payload: bf16 (block format codec 1; lossy for fp32 pages) or fp32 (lossless, in-process).
+// Allocate/Free are thread-safe; a page's contents belong to the one sequence holding it.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+
+namespace strata::runtime {
+
+struct KvLayout {
+  int64_t num_layers = 0;
+  int64_t block_tokens = 64;
+  int64_t latent_dim = 512;
+  int64_t rope_dim = 64;
+  int64_t floats_per_layer() const { return block_tokens * (latent_dim + rope_dim); }
+  int64_t floats_per_page() const { return num_layers * floats_per_layer(); }
+};
+
+enum class PayloadDtype { kBf16, kF32 };
+
+class KvPool {
+ public:
+  KvPool(KvLayout layout, int64_t num_pages);
+
+  const KvLayout& layout() const { return layout_; }
+  int64_t num_pages() const { return num_pages_; }
+  int64_t free_pages() const;
+
+  // ResourceExhausted when no page is free.
+  absl::StatusOr<int32_t> Allocate();
+  void Free(int32_t page);
+
+  // [block_tokens][latent_dim] and [block_tokens][rope_dim] of `layer` in `page`.
+  float* Latent(int32_t page, int64_t layer);
+  float* KPe(int32_t page, int64_t layer);
+  const float* Latent(int32_t page, int64_t layer) const;
+  const float* KPe(int32_t page, int64_t layer) const;
+
+  size_t PayloadBytes(PayloadDtype dtype) const;
+  // Page → block payload and back. InvalidArgument on a bad page id or a wrong payload size.
+  absl::Status ExportPage(int32_t page, PayloadDtype dtype, std::vector<uint8_t>* payload) const;
+  absl::Status ImportPage(int32_t page, PayloadDtype dtype, std::span<const uint8_t> payload);
+
+ private:
+  absl::Status CheckPage(int32_t page) const;
+
+  KvLayout layout_;
+  int64_t num_pages_;
+  std::vector<float> storage_;
+  mutable absl::Mutex mu_;
+  std::vector<int32_t> free_ ABSL_GUARDED_BY(mu_);
+  std::vector<bool> in_use_ ABSL_GUARDED_BY(mu_);
+};
+
+// A sequence's pages in token order: token t lives in page pages[t / B], row t % B.
+struct PageTable {
+  std::vector<int32_t> pages;
+};
+
+// Allocates pages until `table` covers `tokens` tokens. On failure nothing new is kept.
+absl::Status EnsureCapacity(KvPool& pool, PageTable& table, int64_t tokens);
+void ReleasePages(KvPool& pool, PageTable& table);
+
+}  // namespace strata::runtime

@@ -1,0 +1,68 @@
+#include "compute_nodes/runtime/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+namespace strata::runtime {
+
+int32_t Sampler::Sample(std::span<const float> logits) {
+  const int64_t v = static_cast<int64_t>(logits.size());
+  if (params_.temperature <= 0.0f || params_.top_k == 1) {
+    // Greedy: the first maximum, as torch.argmax.
+    return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  }
+  std::vector<int32_t> idx(v);
+  std::iota(idx.begin(), idx.end(), 0);
+  int64_t k = params_.top_k > 0 ? std::min(params_.top_k, v) : v;
+  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int32_t a, int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  });
+  idx.resize(k);
+  std::vector<double> p(k);
+  const double mx = logits[idx[0]];
+  double sum = 0;
+  for (int64_t i = 0; i < k; ++i) {
+    p[i] = std::exp((logits[idx[i]] - mx) / params_.temperature);
+    sum += p[i];
+  }
+  // top-p: the smallest prefix (by probability) whose mass reaches top_p; always >= 1 token.
+  int64_t keep = k;
+  if (params_.top_p < 1.0f) {
+    double mass = 0;
+    for (int64_t i = 0; i < k; ++i) {
+      mass += p[i] / sum;
+      if (mass >= params_.top_p) {
+        keep = i + 1;
+        break;
+      }
+    }
+  }
+  double kept = 0;
+  for (int64_t i = 0; i < keep; ++i) kept += p[i];
+  std::uniform_real_distribution<double> u(0.0, kept);
+  double x = u(rng_);
+  for (int64_t i = 0; i < keep; ++i) {
+    x -= p[i];
+    if (x < 0) return idx[i];
+  }
+  return idx[keep - 1];
+}
+
+StopReason CheckStop(const SamplingParams& params, std::span<const int32_t> generated) {
+  if (generated.empty()) return StopReason::kNone;
+  if (std::find(params.stop_ids.begin(), params.stop_ids.end(), generated.back()) !=
+      params.stop_ids.end()) {
+    return StopReason::kStopId;
+  }
+  if (!params.stop_strings.empty() && params.detokenize) {
+    const std::string text = params.detokenize(generated);
+    for (const auto& s : params.stop_strings) {
+      if (!s.empty() && text.find(s) != std::string::npos) return StopReason::kStopString;
+    }
+  }
+  if (static_cast<int64_t>(generated.size()) >= params.max_tokens) return StopReason::kMaxTokens;
+  return StopReason::kNone;
+}
+
+}  // namespace strata::runtime

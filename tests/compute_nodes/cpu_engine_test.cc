@@ -1,0 +1,310 @@
+// CPU engine invariants: absorbed decode = MHA form, chunked prefill = one-shot prefill, batched
+// decode = one sequence at a time, bad input rejected; KV pool layout and exhaustion; sampling.
+#include "compute_nodes/backend/cpu/cpu_engine.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "compute_nodes/model/make_random.h"
+#include "compute_nodes/model/weights.h"
+#include "compute_nodes/runtime/generate.h"
+#include "compute_nodes/runtime/sampler.h"
+#include "tests/compute_nodes/test_util.h"
+
+namespace strata {
+namespace {
+
+using runtime::AttentionForm;
+using runtime::PageTable;
+using runtime::SequenceInput;
+using runtime::SequenceOutput;
+using testutil::RelError;
+
+std::shared_ptr<const model::ModelWeights> Tiny(const std::string& preset = "tiny") {
+  static std::map<std::string, std::shared_ptr<const model::ModelWeights>> cache;
+  auto& w = cache[preset];
+  if (w) return w;
+  const std::string dir = testing::TempDir() + "/engine_test_" + preset;
+  model::MakeRandomOptions o;
+  o.seed = 11;
+  EXPECT_TRUE(model::MakeRandomCheckpoint(*model::PresetConfig(preset), o, dir).ok());
+  auto loaded = model::LoadModel(dir);
+  EXPECT_TRUE(loaded.ok()) << loaded.status();
+  w = std::shared_ptr<const model::ModelWeights>(std::move(*loaded));
+  return w;
+}
+
+std::vector<int32_t> Ids(int n, int salt) {
+  std::vector<int32_t> ids(n);
+  for (int i = 0; i < n; ++i) ids[i] = (i * 7919 + salt * 104729) % 129280;
+  return ids;
+}
+
+std::vector<float> RunAll(cpu::CpuEngine& e, const std::vector<int32_t>& ids, PageTable* pages,
+                          int64_t chunk, AttentionForm form) {
+  std::vector<float> all;
+  EXPECT_TRUE(runtime::EnsureCapacity(e.kv_pool(), *pages, ids.size()).ok());
+  for (size_t pos = 0; pos < ids.size(); pos += chunk) {
+    const size_t n = std::min<size_t>(chunk, ids.size() - pos);
+    SequenceInput in{std::span<const int32_t>(ids).subspan(pos, n), static_cast<int64_t>(pos),
+                     pages, true, form};
+    std::vector<SequenceOutput> out;
+    EXPECT_TRUE(e.Forward({&in, 1}, &out).ok());
+    all.insert(all.end(), out[0].logits.begin(), out[0].logits.end());
+  }
+  return all;
+}
+
+class EngineFormsTest : public testing::TestWithParam<std::string> {};
+
+// Chunked prefill over pages (chunks of 1, 5, 64+) and the absorbed form all equal one-shot MHA.
+TEST_P(EngineFormsTest, ChunkingAndAbsorptionAreExact) {
+  auto w = Tiny(GetParam());
+  const std::vector<int32_t> ids = Ids(80, 1);
+  cpu::CpuEngine e(w, 16);
+  PageTable p0, p1, p2, p3;
+  const auto ref = RunAll(e, ids, &p0, 80, AttentionForm::kMha);
+  EXPECT_LT(RelError(RunAll(e, ids, &p1, 5, AttentionForm::kMha).data(), ref.data(), ref.size()),
+            1e-5);
+  EXPECT_LT(
+      RelError(RunAll(e, ids, &p2, 1, AttentionForm::kAbsorbed).data(), ref.data(), ref.size()),
+      1e-5);
+  EXPECT_LT(
+      RelError(RunAll(e, ids, &p3, 33, AttentionForm::kAbsorbed).data(), ref.data(), ref.size()),
+      1e-5);
+}
+
+INSTANTIATE_TEST_SUITE_P(Presets, EngineFormsTest, testing::Values("tiny", "small-v2"));
+
+TEST(CpuEngineTest, BatchedDecodeEqualsOneAtATime) {
+  auto w = Tiny();
+  const int kSeqs = 4;
+  cpu::CpuEngine e(w, 16);
+  std::vector<PageTable> pages(kSeqs);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int s = 0; s < kSeqs; ++s) {
+    prompts.push_back(Ids(10 + 17 * s, s + 2));
+    RunAll(e, prompts[s], &pages[s], 64, AttentionForm::kMha);
+  }
+  // One batched decode step: every sequence adds one token at its own position.
+  std::vector<int32_t> next(kSeqs);
+  std::vector<SequenceInput> batch;
+  for (int s = 0; s < kSeqs; ++s) {
+    next[s] = 1000 + s;
+    ASSERT_TRUE(runtime::EnsureCapacity(e.kv_pool(), pages[s], prompts[s].size() + 1).ok());
+    batch.push_back({{&next[s], 1},
+                     static_cast<int64_t>(prompts[s].size()),
+                     &pages[s],
+                     false,
+                     AttentionForm::kAuto});
+  }
+  std::vector<SequenceOutput> batched;
+  ASSERT_TRUE(e.Forward(batch, &batched).ok());
+  ASSERT_EQ(batched.size(), static_cast<size_t>(kSeqs));
+  for (int s = 0; s < kSeqs; ++s) {
+    cpu::CpuEngine solo(w, 4);
+    PageTable p;
+    std::vector<int32_t> ids = prompts[s];
+    ids.push_back(next[s]);
+    const auto all = RunAll(solo, ids, &p, 64, AttentionForm::kMha);
+    const float* last = all.data() + (ids.size() - 1) * w->config.vocab_size;
+    EXPECT_LT(RelError(batched[s].logits.data(), last, w->config.vocab_size), 1e-5) << s;
+  }
+}
+
+TEST(CpuEngineTest, RejectsBadInput) {
+  auto w = Tiny();
+  cpu::CpuEngine e(w, 2);
+  PageTable pages;
+  ASSERT_TRUE(runtime::EnsureCapacity(e.kv_pool(), pages, 10).ok());
+  std::vector<SequenceOutput> out;
+  const std::vector<int32_t> bad = {5, 129280};
+  SequenceInput in{bad, 0, &pages, false, AttentionForm::kAuto};
+  EXPECT_EQ(e.Forward({&in, 1}, &out).code(), absl::StatusCode::kInvalidArgument);
+  const std::vector<int32_t> many = Ids(65, 3);  // pages cover only 64 tokens
+  SequenceInput too_long{many, 0, &pages, false, AttentionForm::kAuto};
+  EXPECT_EQ(e.Forward({&too_long, 1}, &out).code(), absl::StatusCode::kInvalidArgument);
+  SequenceInput no_pages{many, 0, nullptr, false, AttentionForm::kAuto};
+  EXPECT_EQ(e.Forward({&no_pages, 1}, &out).code(), absl::StatusCode::kInvalidArgument);
+}
+
+model::ModelConfig RoutingConfig(model::ModelType type) {
+  model::ModelConfig c;
+  c.type = type;
+  c.n_routed_experts = 8;
+  c.n_group = 4;
+  c.topk_group = 2;
+  c.num_experts_per_tok = 2;
+  c.routed_scaling_factor = 2.5;
+  c.norm_topk_prob = true;
+  c.scoring_func = type == model::ModelType::kDeepseekV3 ? model::ScoringFunc::kSigmoid
+                                                         : model::ScoringFunc::kSoftmax;
+  c.topk_method = type == model::ModelType::kDeepseekV3 ? model::TopkMethod::kNoauxTc
+                                                        : model::TopkMethod::kGroupLimitedGreedy;
+  return c;
+}
+
+TEST(RoutingTest, ZeroBiasTiesGoToTheLowerExpert) {
+  const auto c = RoutingConfig(model::ModelType::kDeepseekV3);
+  const std::vector<float> logits(8, 0.0f), bias(8, 0.0f);
+  std::vector<int32_t> experts;
+  std::vector<float> weights;
+  cpu::RouteToken(c, logits.data(), bias.data(), &experts, &weights);
+  std::sort(experts.begin(), experts.end());
+  EXPECT_EQ(experts, (std::vector<int32_t>{0, 1}));
+  for (float w : weights) EXPECT_FLOAT_EQ(w, 0.5f * 2.5f);  // normalized, then scaled
+}
+
+TEST(RoutingTest, BiasSteersChoiceButNotWeights) {
+  const auto c = RoutingConfig(model::ModelType::kDeepseekV3);
+  std::vector<float> logits(8, 0.0f), bias(8, 0.0f);
+  logits[6] = 1.0f;  // group 3 has the best raw score...
+  bias[5] = 0.3f;    // ...but group 2's biased sum (0.8 + 0.5) wins, group 3 comes second
+  std::vector<int32_t> experts;
+  std::vector<float> weights;
+  cpu::RouteToken(c, logits.data(), bias.data(), &experts, &weights);
+  ASSERT_EQ(experts.size(), 2u);
+  EXPECT_EQ(experts[0], 5);
+  EXPECT_EQ(experts[1], 6);
+  const float s5 = 0.5f, s6 = 1.0f / (1.0f + std::exp(-1.0f));  // unbiased sigmoid scores
+  EXPECT_NEAR(weights[0], s5 / (s5 + s6) * 2.5f, 1e-6);
+  EXPECT_NEAR(weights[1], s6 / (s5 + s6) * 2.5f, 1e-6);
+}
+
+TEST(RoutingTest, V2GroupLimitedGreedyScalesSoftmaxWithoutNormalizing) {
+  const auto c = RoutingConfig(model::ModelType::kDeepseekV2);  // norm_topk_prob ignored, as HF
+  std::vector<float> logits = {0.0f, 0.1f, 3.0f, 0.0f, 0.0f, 2.0f, 2.5f, 0.0f};
+  std::vector<int32_t> experts;
+  std::vector<float> weights;
+  cpu::RouteToken(c, logits.data(), nullptr, &experts, &weights);
+  // Group maxima: g1 (e2: 3.0) and g3 (e6: 2.5) win; e5 (2.0, in g2) is excluded.
+  EXPECT_EQ(experts, (std::vector<int32_t>{2, 6}));
+  double z = 0;
+  for (float l : logits) z += std::exp(l);
+  EXPECT_NEAR(weights[0], std::exp(3.0) / z * 2.5, 1e-6);
+  EXPECT_NEAR(weights[1], std::exp(2.5) / z * 2.5, 1e-6);
+}
+
+TEST(KvPoolTest, PayloadIsLayerMajorLatentThenKPe) {
+  runtime::KvLayout layout{/*num_layers=*/2, /*block_tokens=*/16, /*latent_dim=*/8,
+                           /*rope_dim=*/4};
+  runtime::KvPool pool(layout, 2);
+  auto page = pool.Allocate();
+  ASSERT_TRUE(page.ok());
+  for (int l = 0; l < 2; ++l) {
+    for (int t = 0; t < 16; ++t) {
+      for (int d = 0; d < 8; ++d) pool.Latent(*page, l)[t * 8 + d] = 1000 * l + 10 * t + d;
+      for (int d = 0; d < 4; ++d) pool.KPe(*page, l)[t * 4 + d] = -(1000 * l + 10 * t + d);
+    }
+  }
+  std::vector<uint8_t> payload;
+  ASSERT_TRUE(pool.ExportPage(*page, runtime::PayloadDtype::kF32, &payload).ok());
+  ASSERT_EQ(payload.size(), 2u * 16 * (8 + 4) * 4);
+  const auto* f = reinterpret_cast<const float*>(payload.data());
+  // Layer 1 starts after layer 0's latent [16][8] and k_pe [16][4].
+  EXPECT_EQ(f[16 * 8 + 3 * 4 + 2], -(0 + 30 + 2));
+  EXPECT_EQ(f[16 * 12 + 5 * 8 + 1], 1000 + 50 + 1);
+  EXPECT_EQ(f[16 * 12 + 16 * 8 + 15 * 4 + 3], -(1000 + 150 + 3));
+  // bf16 round trip is the bf16 rounding of every value.
+  std::vector<uint8_t> bf16;
+  ASSERT_TRUE(pool.ExportPage(*page, runtime::PayloadDtype::kBf16, &bf16).ok());
+  EXPECT_EQ(bf16.size(), payload.size() / 2);
+  auto other = pool.Allocate();
+  ASSERT_TRUE(other.ok());
+  ASSERT_TRUE(pool.ImportPage(*other, runtime::PayloadDtype::kBf16, bf16).ok());
+  EXPECT_EQ(pool.Latent(*other, 0)[3 * 8 + 2], 32.0f);    // exact in bf16
+  EXPECT_EQ(pool.Latent(*other, 1)[5 * 8 + 1], 1048.0f);  // 1051 rounds to 1048 (8-bit mantissa)
+  EXPECT_FALSE(pool.ImportPage(*other, runtime::PayloadDtype::kF32, bf16).ok());
+  EXPECT_FALSE(pool.ExportPage(7, runtime::PayloadDtype::kF32, &payload).ok());
+}
+
+TEST(KvPoolTest, ExhaustionIsAStatusAndLeaksNothing) {
+  runtime::KvPool pool({1, 16, 8, 4}, 3);
+  PageTable a, b;
+  ASSERT_TRUE(runtime::EnsureCapacity(pool, a, 33).ok());  // 3 pages
+  EXPECT_EQ(pool.free_pages(), 0);
+  EXPECT_EQ(runtime::EnsureCapacity(pool, b, 1).code(), absl::StatusCode::kResourceExhausted);
+  runtime::ReleasePages(pool, a);
+  EXPECT_EQ(pool.free_pages(), 3);
+  ASSERT_TRUE(runtime::EnsureCapacity(pool, a, 20).ok());
+  EXPECT_EQ(runtime::EnsureCapacity(pool, b, 40).code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(pool.free_pages(), 1);  // the failed request returned what it took
+  EXPECT_TRUE(b.pages.empty());
+}
+
+TEST(SamplerTest, GreedyTopKTopPSeedAndStops) {
+  std::vector<float> logits = {0.1f, 2.0f, 1.9f, -1.0f, 1.95f};
+  runtime::SamplingParams greedy;
+  EXPECT_EQ(runtime::Sampler(greedy).Sample(logits), 1);
+  runtime::SamplingParams hot;
+  hot.temperature = 1.0f;
+  hot.seed = 42;
+  runtime::Sampler s1(hot), s2(hot);
+  std::vector<int32_t> draws1, draws2;
+  std::vector<int> counts(5, 0);
+  for (int i = 0; i < 2000; ++i) {
+    draws1.push_back(s1.Sample(logits));
+    draws2.push_back(s2.Sample(logits));
+    ++counts[draws1.back()];
+  }
+  EXPECT_EQ(draws1, draws2);  // same seed, same draws
+  EXPECT_GT(counts[0], 0);    // every token reachable at temperature 1
+  EXPECT_GT(counts[3], 0);
+  runtime::SamplingParams topk = hot;
+  topk.top_k = 2;
+  runtime::Sampler sk(topk);
+  for (int i = 0; i < 500; ++i) {
+    const int32_t t = sk.Sample(logits);
+    EXPECT_TRUE(t == 1 || t == 4) << t;
+  }
+  runtime::SamplingParams topp = hot;
+  topp.top_p = 0.05f;  // the nucleus is the single best token
+  runtime::Sampler sp(topp);
+  for (int i = 0; i < 100; ++i) EXPECT_EQ(sp.Sample(logits), 1);
+
+  runtime::SamplingParams stop;
+  stop.max_tokens = 3;
+  stop.stop_ids = {7};
+  const std::vector<int32_t> g1 = {1, 2}, g2 = {1, 7}, g3 = {1, 2, 3};
+  EXPECT_EQ(runtime::CheckStop(stop, g1), runtime::StopReason::kNone);
+  EXPECT_EQ(runtime::CheckStop(stop, g2), runtime::StopReason::kStopId);
+  EXPECT_EQ(runtime::CheckStop(stop, g3), runtime::StopReason::kMaxTokens);
+  stop.stop_strings = {"<end>"};
+  EXPECT_EQ(runtime::CheckStop(stop, g1), runtime::StopReason::kNone);  // no detokenizer yet
+  stop.detokenize = [](std::span<const int32_t> ids) {
+    return ids.size() == 2 && ids[1] == 2 ? std::string("text<end>") : std::string("text");
+  };
+  EXPECT_EQ(runtime::CheckStop(stop, g1), runtime::StopReason::kStopString);
+}
+
+TEST(GenerateTest, StopsAtStopIdAndReleasesPages) {
+  auto w = Tiny();
+  cpu::CpuEngine e(w, 4);
+  const std::vector<int32_t> prompt = Ids(12, 9);
+  runtime::SamplingParams p;
+  p.max_tokens = 6;
+  auto full = runtime::Generate(e, prompt, p);
+  ASSERT_TRUE(full.ok()) << full.status();
+  ASSERT_EQ(full->tokens.size(), 6u);
+  EXPECT_EQ(full->stop, runtime::StopReason::kMaxTokens);
+  p.stop_ids = {full->tokens[2]};
+  auto stopped = runtime::Generate(e, prompt, p, /*prefill_chunk=*/5);
+  ASSERT_TRUE(stopped.ok());
+  // Greedy: the same first tokens, cut at the first occurrence of the stop id.
+  const auto first = std::find(full->tokens.begin(), full->tokens.end(), full->tokens[2]);
+  EXPECT_EQ(stopped->tokens, std::vector<int32_t>(full->tokens.begin(), first + 1));
+  EXPECT_EQ(stopped->stop, runtime::StopReason::kStopId);
+  EXPECT_EQ(e.kv_pool().free_pages(), 4);
+  // A pool too small for the prompt fails cleanly.
+  cpu::CpuEngine small(w, 1);
+  const std::vector<int32_t> longp = Ids(70, 4);
+  EXPECT_EQ(runtime::Generate(small, longp, p).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(small.kv_pool().free_pages(), 1);
+}
+
+}  // namespace
+}  // namespace strata
