@@ -19,5 +19,6 @@ CLI::App& AdminGroup(CLI::App& app);
 
 void RegisterConfigCommand(CLI::App& app);  // strata config print
 void RegisterInfoCommand(CLI::App& app);    // strata info
+void RegisterSchedulerCommands(CLI::App& app);  // strata bench replay (scheduler/)
 
 }  // namespace strata::cli

@@ -13,6 +13,7 @@ int main(int argc, char** argv) {
 
   strata::cli::RegisterConfigCommand(app);
   strata::cli::RegisterInfoCommand(app);
+  strata::cli::RegisterSchedulerCommands(app);
 
   CLI11_PARSE(app, argc, argv);
   return 0;
