@@ -28,7 +28,14 @@ void PrefixIndex::AddHolderLocked(const BlockKey& key, Holder holder) {
   auto it = entries_.find(key);
   if (it == entries_.end()) {
     while (entries_.size() >= capacity_blocks_ && !lru_.empty()) {
-      EraseLocked(entries_.find(lru_.back()));
+      auto victim = entries_.find(lru_.back());
+      if (victim->second.referenced) {
+        // Second chance: used since it last moved to the front.
+        victim->second.referenced = false;
+        lru_.splice(lru_.begin(), lru_, victim->second.lru);
+        continue;
+      }
+      EraseLocked(victim);
       ++evicted_entries_;
     }
     lru_.push_front(key);
@@ -165,7 +172,7 @@ PrefixMatch PrefixIndex::Match(std::span<const BlockKey> keys) {
   for (uint32_t i = 0; i < keys.size(); ++i) {
     auto it = entries_.find(keys[i]);
     if (it == entries_.end()) break;
-    lru_.splice(lru_.begin(), lru_, it->second.lru);
+    it->second.referenced = true;
     bool any_extended = false;
     for (Holder h : it->second.holders) {
       const NodeIndex node = HolderNode(h);

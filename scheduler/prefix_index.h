@@ -6,8 +6,9 @@
 // tiers. A block key names its whole prefix (common/block_key.h), so a node holding block i of a
 // chain can serve blocks 0..i only if it holds each of them; the match stops at the first gap.
 //
-// Memory is bounded: at most `capacity_blocks` keys are indexed; when full, the least recently
-// stored or matched key is forgotten (the scheduler then under-estimates a hit, never invents
+// Memory is bounded: at most `capacity_blocks` keys are indexed; when full, a key not stored or
+// matched recently is forgotten (CLOCK, i.e. LRU with second chance: a match only sets a bit in
+// the entry, so the hot path writes no list pointers) (the scheduler then under-estimates a hit, never invents
 // one). Soft state: a restart rebuilds it from events and digests.
 //
 // Thread safety: all methods are safe to call concurrently (one internal mutex).
@@ -98,6 +99,7 @@ class PrefixIndex {
   struct Entry {
     absl::InlinedVector<Holder, 3> holders;
     std::list<BlockKey>::iterator lru;
+    bool referenced = false;  // matched since it was last moved to the front
   };
   struct PendingDigest {
     uint64_t digest_id = 0;
