@@ -102,7 +102,8 @@ class ScriptedTestBackend : public CompletionBackend {
   }
 
   void Step(const std::shared_ptr<Job>& job) {
-    if (options_.hold_until > 0 && active_.load() < options_.hold_until &&
+    if (active_.load() >= options_.hold_until) released_ = true;
+    if (!released_.load() &&
         std::chrono::steady_clock::now() - job->started < std::chrono::seconds(60)) {
       job->timer->expires_after(std::chrono::milliseconds(5));
       job->timer->async_wait([this, job](auto) { Step(job); });
@@ -131,6 +132,7 @@ class ScriptedTestBackend : public CompletionBackend {
   std::thread thread_;
   std::atomic<size_t> active_{0};
   std::atomic<size_t> max_active_{0};
+  std::atomic<bool> released_{false};  // hold_until was reached once
   absl::Mutex mu_;
   absl::flat_hash_set<BlockKey> seen_ ABSL_GUARDED_BY(mu_);
 };
