@@ -6,11 +6,11 @@
 #include <boost/beast/http.hpp>
 #include <cmath>
 #include <deque>
+#include <mutex>
 #include <optional>
 #include <thread>
 
 #include "absl/container/flat_hash_map.h"
-#include "absl/synchronization/mutex.h"
 #include "common/strings.h"
 
 namespace strata::scheduler {
@@ -25,12 +25,14 @@ using tcp = net::ip::tcp;
 namespace {
 class Sink;
 }  // namespace
+// std::mutex rather than absl::Mutex: Debian's Abseil is not built for ThreadSanitizer, which
+// then cannot see absl::Mutex's ordering; the gateway must stay TSan-clean.
 struct StopState {
-  absl::Mutex mu;
-  bool stopped ABSL_GUARDED_BY(mu) = false;
+  std::mutex mu;
+  bool stopped = false;  // guarded by mu
   // Sinks whose request is in flight: Stop() makes them let go of their sessions while the
   // io_context still exists.
-  absl::flat_hash_map<Sink*, std::weak_ptr<Sink>> sinks ABSL_GUARDED_BY(mu);
+  absl::flat_hash_map<Sink*, std::weak_ptr<Sink>> sinks;  // guarded by mu
 };
 
 // Member order matters: the io_context is destroyed before the counters its pending handlers'
@@ -135,19 +137,19 @@ class Sink : public CompletionSink {
   Sink(std::shared_ptr<Session> session, std::shared_ptr<StopState> stop)
       : stop_(std::move(stop)), session_(std::move(session)) {}
   ~Sink() override {
-    absl::MutexLock lock(&stop_->mu);
+    std::lock_guard<std::mutex> lock(stop_->mu);
     stop_->sinks.erase(this);
   }
   static std::shared_ptr<Sink> Create(std::shared_ptr<Session> session,
                                       std::shared_ptr<StopState> stop) {
     auto sink = std::make_shared<Sink>(std::move(session), stop);
-    absl::MutexLock lock(&stop->mu);
+    std::lock_guard<std::mutex> lock(stop->mu);
     stop->sinks.emplace(sink.get(), sink);
     return sink;
   }
   void DropSession() {
     std::shared_ptr<Session> session;
-    absl::MutexLock lock(&session_mu_);
+    std::lock_guard<std::mutex> lock(session_mu_);
     session = std::move(session_);
   }
   void OnText(std::string text) override;
@@ -160,8 +162,8 @@ class Sink : public CompletionSink {
   void PostToSession(F&& f, bool last);
 
   std::shared_ptr<StopState> stop_;
-  absl::Mutex session_mu_;
-  std::shared_ptr<Session> session_ ABSL_GUARDED_BY(session_mu_);
+  std::mutex session_mu_;
+  std::shared_ptr<Session> session_;  // guarded by session_mu_
   std::atomic<bool> cancelled_{false};
 };
 
@@ -428,11 +430,11 @@ template <typename F>
 void Sink::PostToSession(F&& f, bool last) {
   std::shared_ptr<Session> session;
   {
-    absl::MutexLock lock(&session_mu_);
+    std::lock_guard<std::mutex> lock(session_mu_);
     session = last ? std::move(session_) : session_;
   }
   if (!session) return;
-  absl::MutexLock lock(&stop_->mu);
+  std::lock_guard<std::mutex> lock(stop_->mu);
   // After Stop() the io_context no longer runs; the session goes with the server.
   if (stop_->stopped) return;
   auto executor = session->executor();  // before `session` is moved into the handler
@@ -499,7 +501,7 @@ absl::Status GatewayServer::Start() {
 
 void GatewayServer::Stop() {
   {
-    absl::MutexLock lock(&impl_->stop_state->mu);
+    std::lock_guard<std::mutex> lock(impl_->stop_state->mu);
     if (impl_->stop_state->stopped) return;
     impl_->stop_state->stopped = true;
   }
@@ -509,7 +511,7 @@ void GatewayServer::Stop() {
   impl_->threads.clear();
   std::vector<std::shared_ptr<Sink>> sinks;
   {
-    absl::MutexLock lock(&impl_->stop_state->mu);
+    std::lock_guard<std::mutex> lock(impl_->stop_state->mu);
     for (auto& [raw, weak] : impl_->stop_state->sinks) {
       if (auto sink = weak.lock()) sinks.push_back(std::move(sink));
     }

@@ -14,10 +14,10 @@
 
 #include <atomic>
 #include <boost/asio.hpp>
+#include <mutex>
 #include <thread>
 
 #include "absl/container/flat_hash_set.h"
-#include "absl/synchronization/mutex.h"
 #include "common/block_key.h"
 #include "scheduler/http/completion_backend.h"
 
@@ -92,7 +92,7 @@ class ScriptedTestBackend : public CompletionBackend {
     const std::vector<BlockKey> keys = ComputeBlockKeys(ns, tokens, 16);
     CompletionUsage usage;
     usage.prompt_tokens = tokens.size();
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     size_t hit = 0;
     while (hit < keys.size() && seen_.contains(keys[hit])) ++hit;
     for (const BlockKey& k : keys) seen_.insert(k);
@@ -132,9 +132,9 @@ class ScriptedTestBackend : public CompletionBackend {
   std::thread thread_;
   std::atomic<size_t> active_{0};
   std::atomic<size_t> max_active_{0};
-  std::atomic<bool> released_{false};  // hold_until was reached once
-  absl::Mutex mu_;
-  absl::flat_hash_set<BlockKey> seen_ ABSL_GUARDED_BY(mu_);
+  std::atomic<bool> released_{false};   // hold_until was reached once
+  std::mutex mu_;                       // std::mutex: visible to ThreadSanitizer
+  absl::flat_hash_set<BlockKey> seen_;  // guarded by mu_
 };
 
 }  // namespace strata::scheduler::testing_backend
