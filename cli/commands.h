@@ -20,5 +20,12 @@ CLI::App& AdminGroup(CLI::App& app);
 void RegisterConfigCommand(CLI::App& app);  // strata config print
 void RegisterInfoCommand(CLI::App& app);    // strata info
 void RegisterSchedulerCommands(CLI::App& app);  // strata bench replay (scheduler/)
+void RegisterBenchTransferCommand(CLI::App& app);  // strata bench transfer
+
+// strata tokenize (compute_nodes/tokenizer)
+void RegisterTokenizeCommand(CLI::App& app);
+
+// strata bench kernels (kernels/; only in builds with STRATA_WITH_CUDA)
+void RegisterBenchKernelsCommand(CLI::App& app);
 
 }  // namespace strata::cli

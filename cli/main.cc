@@ -14,6 +14,11 @@ int main(int argc, char** argv) {
   strata::cli::RegisterConfigCommand(app);
   strata::cli::RegisterInfoCommand(app);
   strata::cli::RegisterSchedulerCommands(app);
+  strata::cli::RegisterTokenizeCommand(app);
+  strata::cli::RegisterBenchTransferCommand(app);
+#if STRATA_WITH_CUDA
+  strata::cli::RegisterBenchKernelsCommand(app);
+#endif
 
   CLI11_PARSE(app, argc, argv);
   return 0;

@@ -13,6 +13,7 @@ find_package(CLI11 CONFIG REQUIRED)
 find_package(GTest REQUIRED)
 find_package(benchmark REQUIRED)
 find_package(Boost 1.74 REQUIRED)
+find_package(ICU REQUIRED COMPONENTS uc)  # Unicode classes for the tokenizer
 find_package(RocksDB CONFIG QUIET)
 if(NOT RocksDB_FOUND)
   pkg_check_modules(ROCKSDB REQUIRED IMPORTED_TARGET rocksdb)

@@ -1,0 +1,93 @@
+// Launcher of the MLA decode kernels: argument checks, split choice, dispatch by head block.
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "kernels/mla_decode/mla_decode.h"
+
+namespace strata::kernels {
+namespace {
+
+absl::Status Invalid(const std::string& what) {
+  return absl::InvalidArgumentError("LaunchMlaDecode: " + what);
+}
+
+}  // namespace
+
+int MlaDecodeNumSplits(int batch, int num_heads_q, int max_seqlen, int num_sms) {
+  if (batch <= 0 || num_heads_q <= 0 || num_sms <= 0 || max_seqlen <= 0) return 1;
+  const int heads_per_block = num_heads_q % 64 == 0 ? 64 : (num_heads_q % 32 == 0 ? 32 : 16);
+  const int64_t blocks = static_cast<int64_t>(batch) * (num_heads_q / heads_per_block);
+  const int tiles = (max_seqlen + 31) / 32;
+  // Modelled time: waves of one block per SM, each as long as one split's tiles plus a fixed cost
+  // (prologue, epilogue, combine traffic) worth about two tiles.
+  int best = 1;
+  double best_cost = 1e30;
+  for (int s = 1; s <= std::min(kMlaMaxSplits, tiles); ++s) {
+    const int64_t waves = (blocks * s + num_sms - 1) / num_sms;
+    const double cost = static_cast<double>(waves) * ((tiles + s - 1) / s + 2);
+    if (cost < best_cost * 0.97) {
+      best_cost = cost;
+      best = s;
+    }
+  }
+  return best;
+}
+
+size_t MlaDecodeWorkspaceBytes(int batch, int num_heads_q, int num_splits) {
+  if (num_splits <= 1) return 0;
+  const size_t rows = static_cast<size_t>(batch) * num_splits * num_heads_q;
+  const size_t o_bytes = (rows * kMlaValueDim * sizeof(float) + 255) / 256 * 256;
+  return o_bytes + rows * sizeof(float);
+}
+
+void MlaDecodeSetWorkspace(MlaDecodeParams& params, void* workspace) {
+  if (params.num_splits <= 1 || workspace == nullptr) return;
+  const size_t rows = static_cast<size_t>(params.batch) * params.num_splits * params.num_heads_q;
+  const size_t o_bytes = (rows * kMlaValueDim * sizeof(float) + 255) / 256 * 256;
+  params.o_accum = static_cast<float*>(workspace);
+  params.lse_accum = reinterpret_cast<float*>(static_cast<char*>(workspace) + o_bytes);
+}
+
+absl::Status ValidateMlaDecodeParams(const MlaDecodeParams& p) {
+  if (p.batch <= 0 || p.batch > 65535) return Invalid("batch must be in [1, 65535]");
+  if (p.num_heads_q < 16 || p.num_heads_q > 128 || p.num_heads_q % 16 != 0) {
+    return Invalid("num_heads_q must be a multiple of 16 in [16, 128], got " +
+                   std::to_string(p.num_heads_q));
+  }
+  if (p.num_pages <= 0) return Invalid("num_pages must be positive");
+  if (p.max_pages_per_seq <= 0) return Invalid("max_pages_per_seq must be positive");
+  if (p.num_splits < 1 || p.num_splits > kMlaMaxSplits) {
+    return Invalid("num_splits must be in [1, " + std::to_string(kMlaMaxSplits) + "]");
+  }
+  if (!std::isfinite(p.softmax_scale) || p.softmax_scale <= 0.f) {
+    return Invalid("softmax_scale must be finite and positive");
+  }
+  if (p.q == nullptr || p.kv_cache == nullptr || p.block_table == nullptr || p.seqlens == nullptr ||
+      p.out == nullptr || p.lse == nullptr) {
+    return Invalid("q, kv_cache, block_table, seqlens, out and lse must be set");
+  }
+  if (p.num_splits > 1 && (p.o_accum == nullptr || p.lse_accum == nullptr)) {
+    return Invalid("num_splits > 1 needs o_accum and lse_accum (MlaDecodeSetWorkspace)");
+  }
+  const auto misaligned = [](const void* ptr) {
+    return reinterpret_cast<uintptr_t>(ptr) % 16 != 0;
+  };
+  if (misaligned(p.q) || misaligned(p.kv_cache) || misaligned(p.out) ||
+      (p.num_splits > 1 && misaligned(p.o_accum))) {
+    return Invalid("q, kv_cache, out and o_accum must be 16-byte aligned");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LaunchMlaDecode(const MlaDecodeParams& params, cudaStream_t stream) {
+  if (absl::Status st = ValidateMlaDecodeParams(params); !st.ok()) return st;
+  const absl::Status split_kv =
+      params.num_heads_q % 64 == 0   ? LaunchMlaDecodeSplitKv<4>(params, stream)
+      : params.num_heads_q % 32 == 0 ? LaunchMlaDecodeSplitKv<2>(params, stream)
+                                     : LaunchMlaDecodeSplitKv<1>(params, stream);
+  if (!split_kv.ok() || params.num_splits == 1) return split_kv;
+  return LaunchMlaDecodeCombine(params, stream);
+}
+
+}  // namespace strata::kernels

@@ -1,0 +1,80 @@
+// MLA decode attention in the absorbed form (DeepSeek-V2/V3), bf16, over a paged latent KV
+// cache, with split-KV across the SMs and a log-sum-exp combine step.
+//
+// For each sequence b and query head h:
+//   s[t]      = softmax_scale * dot(q[b][h][0:576], kv[token t][0:576])     for t < seqlens[b]
+//   out[b][h] = sum_t softmax(s)[t] * kv[token t][0:512]                    (value = latent part)
+//   lse[b][h] = ln(sum_t exp(s[t]))                                         (natural log)
+// Token t of sequence b lives at kv_cache[block_table[b][t / 64]][t % 64].
+//
+// Usage:
+//   MlaDecodeParams p = {...};
+//   p.num_splits = MlaDecodeNumSplits(batch, num_heads_q, max_seqlen, num_sms);
+//   // workspace of MlaDecodeWorkspaceBytes(batch, num_heads_q, p.num_splits) bytes, 256-aligned
+//   RETURN_IF_ERROR(LaunchMlaDecode(p, stream));
+//
+// Preconditions the launcher cannot check (device memory): every block_table entry used by a
+// sequence is in [0, num_pages); seqlens[b] >= 0. Lengths above max_pages_per_seq * 64 are clamped.
+// A sequence of length 0 gets out = 0 and lse = -inf. Tokens past seqlens[b] in the last page are
+// never read (their contents, NaN included, do not matter).
+//
+// Thread safety: the launcher is stateless; concurrent launches on different streams need
+// different workspaces.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/status/status.h"
+
+namespace strata::kernels {
+
+inline constexpr int kMlaQkHeadDim = 576;  // 512 latent + 64 rope
+inline constexpr int kMlaValueDim = 512;
+inline constexpr int kMlaPageSize = 64;  // tokens per KV page
+inline constexpr int kMlaMaxSplits = 64;
+
+struct MlaDecodeParams {
+  int batch = 0;
+  int num_heads_q = 0;  // 16..128, a multiple of 16
+  int num_pages = 0;    // pages in kv_cache
+  int max_pages_per_seq = 0;
+  int num_splits = 1;  // 1..kMlaMaxSplits; >1 needs the workspace and runs the combine kernel
+  float softmax_scale = 0.f;
+
+  const __nv_bfloat16* q = nullptr;         // [batch][num_heads_q][576]
+  const __nv_bfloat16* kv_cache = nullptr;  // [num_pages][64][576]
+  const int32_t* block_table = nullptr;     // [batch][max_pages_per_seq]
+  const int32_t* seqlens = nullptr;         // [batch]
+  __nv_bfloat16* out = nullptr;             // [batch][num_heads_q][512]
+  float* lse = nullptr;                     // [batch][num_heads_q]
+  // Split-KV partials (only when num_splits > 1), see MlaDecodeWorkspaceBytes:
+  float* o_accum = nullptr;    // [batch][num_splits][num_heads_q][512]
+  float* lse_accum = nullptr;  // [batch][num_splits][num_heads_q]
+};
+
+// Splits per sequence that balance `batch` sequences of up to `max_seqlen` tokens over `num_sms`.
+int MlaDecodeNumSplits(int batch, int num_heads_q, int max_seqlen, int num_sms);
+
+// Bytes of workspace for o_accum followed by lse_accum (0 when num_splits == 1).
+size_t MlaDecodeWorkspaceBytes(int batch, int num_heads_q, int num_splits);
+
+// Points o_accum/lse_accum of `params` into `workspace` (MlaDecodeWorkspaceBytes bytes).
+void MlaDecodeSetWorkspace(MlaDecodeParams& params, void* workspace);
+
+// Checks the arguments (InvalidArgument naming the bad one) without touching the device.
+absl::Status ValidateMlaDecodeParams(const MlaDecodeParams& params);
+
+// Validates, then enqueues the split kernel (and the combine kernel when num_splits > 1) on
+// `stream`. Returns the CUDA error of either launch.
+absl::Status LaunchMlaDecode(const MlaDecodeParams& params, cudaStream_t stream);
+
+// Internal: one instantiation per heads-per-block (16, 32, 64), each in its own .cu.
+template <int kMTiles>
+absl::Status LaunchMlaDecodeSplitKv(const MlaDecodeParams& params, cudaStream_t stream);
+absl::Status LaunchMlaDecodeCombine(const MlaDecodeParams& params, cudaStream_t stream);
+
+}  // namespace strata::kernels

@@ -1,0 +1,85 @@
+// Argument checks of the MLA decode launcher and the split/workspace helpers (no GPU needed:
+// validation happens before any CUDA call).
+#include <gtest/gtest.h>
+
+#include "kernels/mla_decode/mla_decode.h"
+
+namespace strata::kernels {
+namespace {
+
+MlaDecodeParams ValidParams() {
+  alignas(16) static char dummy[64];
+  MlaDecodeParams p;
+  p.batch = 2;
+  p.num_heads_q = 64;
+  p.num_pages = 4;
+  p.max_pages_per_seq = 2;
+  p.num_splits = 1;
+  p.softmax_scale = 0.1f;
+  p.q = reinterpret_cast<const __nv_bfloat16*>(dummy);
+  p.kv_cache = reinterpret_cast<const __nv_bfloat16*>(dummy);
+  p.block_table = reinterpret_cast<const int32_t*>(dummy);
+  p.seqlens = reinterpret_cast<const int32_t*>(dummy);
+  p.out = reinterpret_cast<__nv_bfloat16*>(dummy);
+  p.lse = reinterpret_cast<float*>(dummy);
+  return p;
+}
+
+TEST(MlaDecodeParamsTest, AcceptsValid) {
+  EXPECT_TRUE(ValidateMlaDecodeParams(ValidParams()).ok());
+}
+
+TEST(MlaDecodeParamsTest, RejectsBadArguments) {
+  const auto rejects = [](auto mutate) {
+    MlaDecodeParams p = ValidParams();
+    mutate(p);
+    const absl::Status st = ValidateMlaDecodeParams(p);
+    return st.code() == absl::StatusCode::kInvalidArgument;
+  };
+  EXPECT_TRUE(rejects([](MlaDecodeParams& p) { p.num_heads_q = 8; }));
+  EXPECT_TRUE(rejects([](MlaDecodeParams& p) { p.num_heads_q = 72; }));
+  EXPECT_TRUE(rejects([](MlaDecodeParams& p) { p.num_heads_q = 144; }));
+  EXPECT_TRUE(rejects([](MlaDecodeParams& p) { p.batch = 0; }));
+  EXPECT_TRUE(rejects([](MlaDecodeParams& p) { p.num_splits = 0; }));
+  EXPECT_TRUE(rejects([](MlaDecodeParams& p) { p.num_splits = kMlaMaxSplits + 1; }));
+  EXPECT_TRUE(rejects([](MlaDecodeParams& p) { p.num_splits = 2; }));  // no workspace
+  EXPECT_TRUE(rejects([](MlaDecodeParams& p) { p.softmax_scale = 0.f; }));
+  EXPECT_TRUE(rejects([](MlaDecodeParams& p) { p.softmax_scale = std::nanf(""); }));
+  EXPECT_TRUE(rejects([](MlaDecodeParams& p) { p.kv_cache = nullptr; }));
+  EXPECT_TRUE(rejects([](MlaDecodeParams& p) { p.lse = nullptr; }));
+  EXPECT_TRUE(rejects([](MlaDecodeParams& p) {
+    p.out = reinterpret_cast<__nv_bfloat16*>(reinterpret_cast<char*>(p.out) + 2);
+  }));
+  EXPECT_TRUE(rejects([](MlaDecodeParams& p) { p.max_pages_per_seq = 0; }));
+}
+
+TEST(MlaDecodeParamsTest, LaunchRejectsBeforeTouchingTheDevice) {
+  MlaDecodeParams p = ValidParams();
+  p.num_heads_q = 0;
+  EXPECT_EQ(LaunchMlaDecode(p, nullptr).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(MlaDecodeParamsTest, SplitsAndWorkspace) {
+  // Long sequences, few blocks: split to fill 132 SMs; one block per SM's worth: no split.
+  EXPECT_GT(MlaDecodeNumSplits(1, 64, 32768, 132), 16);
+  EXPECT_EQ(MlaDecodeNumSplits(4, 16, 40, 132), 2);  // 2 tiles at most -> at most 2 splits
+  EXPECT_LE(MlaDecodeNumSplits(1, 16, 1, 132), 1);
+  for (int s : {1, 4, 64}) {
+    const int n = MlaDecodeNumSplits(128, 128, 1024 * s, 132);
+    EXPECT_GE(n, 1);
+    EXPECT_LE(n, kMlaMaxSplits);
+  }
+  EXPECT_EQ(MlaDecodeWorkspaceBytes(8, 64, 1), 0u);
+  MlaDecodeParams p = ValidParams();
+  p.num_splits = 3;
+  const size_t bytes = MlaDecodeWorkspaceBytes(p.batch, p.num_heads_q, p.num_splits);
+  EXPECT_GE(bytes, static_cast<size_t>(2 * 3 * 64) * (512 + 1) * 4);
+  std::vector<char> ws(bytes);
+  MlaDecodeSetWorkspace(p, ws.data());
+  EXPECT_EQ(static_cast<void*>(p.o_accum), ws.data());
+  EXPECT_LE(reinterpret_cast<char*>(p.lse_accum + 2 * 3 * 64), ws.data() + bytes);
+  EXPECT_TRUE(ValidateMlaDecodeParams(p).ok());
+}
+
+}  // namespace
+}  // namespace strata::kernels

@@ -1,0 +1,219 @@
+// MLA decode kernel against the fp32 CPU reference, on fresh random inputs (label gpu: reports
+// SKIPPED without a GPU). Outputs and workspace are poisoned with NaN before every launch, pages
+// not owned by a sequence and tokens past its length are NaN too, so an unwritten output or a
+// read past the sequence fails the check.
+#include "kernels/mla_decode/mla_decode.h"
+
+#include <cuda_runtime_api.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "tests/kernels/mla_decode_reference.h"
+
+namespace strata::kernels {
+namespace {
+
+constexpr int kD = kMlaQkHeadDim, kV = kMlaValueDim, kPage = kMlaPageSize;
+
+uint16_t ToBf16(float f) {  // round to nearest even
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if (std::isnan(f)) return 0x7fc0;
+  u += 0x7fff + ((u >> 16) & 1);
+  return static_cast<uint16_t>(u >> 16);
+}
+float FromBf16(uint16_t h) {
+  const uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+bool HaveGpu() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+#define ASSERT_CUDA(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
+
+struct Case {
+  int num_heads_q;
+  std::vector<int> seqlens;
+  int num_splits;  // 0: MlaDecodeNumSplits
+};
+
+void RunCase(const Case& c, uint32_t seed) {
+  SCOPED_TRACE(::testing::Message()
+               << "h_q=" << c.num_heads_q << " splits=" << c.num_splits << " seed=" << seed);
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.f, 1.f);
+  const int batch = static_cast<int>(c.seqlens.size());
+  const int h_q = c.num_heads_q;
+  int max_pages = 1, total_pages = 0, max_len = 1;
+  for (int len : c.seqlens) {
+    const int pages = std::max(1, (len + kPage - 1) / kPage);
+    max_pages = std::max(max_pages, pages);
+    total_pages += pages;
+    max_len = std::max(max_len, len);
+  }
+  const int num_pages = total_pages + 3;  // a few pages nobody owns
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+
+  std::vector<float> q(static_cast<size_t>(batch) * h_q * kD);
+  for (float& x : q) x = FromBf16(ToBf16(normal(rng)));
+  std::vector<float> kv(static_cast<size_t>(num_pages) * kPage * kD, nan);
+  std::vector<int32_t> perm(num_pages);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  std::vector<int32_t> table(static_cast<size_t>(batch) * max_pages, 0);
+  int next = 0;
+  for (int b = 0; b < batch; ++b) {
+    const int len = c.seqlens[b];
+    for (int i = 0; i * kPage < len; ++i) {
+      const int page = perm[next++];
+      table[static_cast<size_t>(b) * max_pages + i] = page;
+      for (int t = 0; t < kPage && i * kPage + t < len; ++t) {
+        float* row = kv.data() + (static_cast<size_t>(page) * kPage + t) * kD;
+        for (int d = 0; d < kD; ++d) row[d] = FromBf16(ToBf16(normal(rng)));
+      }
+    }
+  }
+  const float scale = 0.1f;
+
+  MlaDecodeParams p;
+  p.batch = batch;
+  p.num_heads_q = h_q;
+  p.num_pages = num_pages;
+  p.max_pages_per_seq = max_pages;
+  p.softmax_scale = scale;
+  int num_sms = 0;
+  ASSERT_CUDA(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, 0));
+  p.num_splits = c.num_splits > 0 ? c.num_splits : MlaDecodeNumSplits(batch, h_q, max_len, num_sms);
+
+  std::vector<uint16_t> q16(q.size()), kv16(kv.size());
+  for (size_t i = 0; i < q.size(); ++i) q16[i] = ToBf16(q[i]);
+  for (size_t i = 0; i < kv.size(); ++i) kv16[i] = ToBf16(kv[i]);
+  void *dq, *dkv, *dtable, *dlens, *dout, *dlse, *dws = nullptr;
+  const size_t out_elems = static_cast<size_t>(batch) * h_q * kV;
+  ASSERT_CUDA(cudaMalloc(&dq, q16.size() * 2));
+  ASSERT_CUDA(cudaMalloc(&dkv, kv16.size() * 2));
+  ASSERT_CUDA(cudaMalloc(&dtable, table.size() * 4));
+  ASSERT_CUDA(cudaMalloc(&dlens, batch * 4));
+  ASSERT_CUDA(cudaMalloc(&dout, out_elems * 2));
+  ASSERT_CUDA(cudaMalloc(&dlse, static_cast<size_t>(batch) * h_q * 4));
+  const size_t ws_bytes = MlaDecodeWorkspaceBytes(batch, h_q, p.num_splits);
+  if (ws_bytes > 0) {
+    ASSERT_CUDA(cudaMalloc(&dws, ws_bytes));
+    ASSERT_CUDA(cudaMemset(dws, 0xff, ws_bytes));  // NaN
+  }
+  ASSERT_CUDA(cudaMemcpy(dq, q16.data(), q16.size() * 2, cudaMemcpyHostToDevice));
+  ASSERT_CUDA(cudaMemcpy(dkv, kv16.data(), kv16.size() * 2, cudaMemcpyHostToDevice));
+  ASSERT_CUDA(cudaMemcpy(dtable, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
+  ASSERT_CUDA(cudaMemcpy(dlens, c.seqlens.data(), batch * 4, cudaMemcpyHostToDevice));
+  ASSERT_CUDA(cudaMemset(dout, 0xff, out_elems * 2));  // bf16 NaN
+  ASSERT_CUDA(cudaMemset(dlse, 0xff, static_cast<size_t>(batch) * h_q * 4));
+  p.q = static_cast<const __nv_bfloat16*>(dq);
+  p.kv_cache = static_cast<const __nv_bfloat16*>(dkv);
+  p.block_table = static_cast<const int32_t*>(dtable);
+  p.seqlens = static_cast<const int32_t*>(dlens);
+  p.out = static_cast<__nv_bfloat16*>(dout);
+  p.lse = static_cast<float*>(dlse);
+  MlaDecodeSetWorkspace(p, dws);
+  const absl::Status st = LaunchMlaDecode(p, nullptr);
+  ASSERT_TRUE(st.ok()) << st;
+  ASSERT_CUDA(cudaDeviceSynchronize());
+
+  std::vector<uint16_t> out16(out_elems);
+  std::vector<float> lse(static_cast<size_t>(batch) * h_q);
+  ASSERT_CUDA(cudaMemcpy(out16.data(), dout, out_elems * 2, cudaMemcpyDeviceToHost));
+  ASSERT_CUDA(cudaMemcpy(lse.data(), dlse, lse.size() * 4, cudaMemcpyDeviceToHost));
+  for (void* ptr : {dq, dkv, dtable, dlens, dout, dlse, dws}) {
+    if (ptr != nullptr) {
+      ASSERT_CUDA(cudaFree(ptr));
+    }
+  }
+
+  std::vector<float> ref_out, ref_lse;
+  MlaDecodeReferenceInputs in{batch, h_q, max_pages, scale, &q, &kv, &table, &c.seqlens};
+  MlaDecodeReference(in, ref_out, ref_lse);
+
+  for (int b = 0; b < batch; ++b) {
+    double err2 = 0, ref2 = 0, lse_err = 0;
+    int non_finite = 0;
+    for (int h = 0; h < h_q; ++h) {
+      const size_t row = static_cast<size_t>(b) * h_q + h;
+      for (int d = 0; d < kV; ++d) {
+        const float got = FromBf16(out16[row * kV + d]);
+        const float want = ref_out[row * kV + d];
+        if (!std::isfinite(got)) ++non_finite;
+        err2 += (got - want) * (got - want);
+        ref2 += want * want;
+      }
+      if (c.seqlens[b] == 0) {
+        EXPECT_TRUE(std::isinf(lse[row]) && lse[row] < 0) << "b=" << b << " lse=" << lse[row];
+      } else {
+        if (!std::isfinite(lse[row])) ++non_finite;
+        lse_err = std::max(lse_err, std::abs(static_cast<double>(lse[row]) - ref_lse[row]) /
+                                        std::max(1.0, std::abs(static_cast<double>(ref_lse[row]))));
+      }
+    }
+    EXPECT_EQ(non_finite, 0) << "b=" << b << " len=" << c.seqlens[b];
+    if (c.seqlens[b] == 0) {
+      EXPECT_EQ(err2, 0.0) << "empty sequence must give zeros, b=" << b;
+      continue;
+    }
+    const double rel = std::sqrt(err2 / ref2);
+    EXPECT_LT(rel, 1e-2) << "b=" << b << " len=" << c.seqlens[b];
+    EXPECT_LT(lse_err, 1e-3) << "b=" << b << " len=" << c.seqlens[b];
+    std::printf("h_q=%3d splits=%2d len=%5d rel_err=%.2e lse_err=%.2e\n", h_q, p.num_splits,
+                c.seqlens[b], rel, lse_err);
+  }
+}
+
+class MlaDecodeTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  }
+  uint32_t Seed() { return std::random_device{}(); }
+};
+
+const std::vector<int> kRagged = {1, 63, 64, 65, 1000, 1537};
+
+TEST_F(MlaDecodeTest, Heads16Ragged) {
+  RunCase({16, kRagged, 1}, Seed());
+  RunCase({16, kRagged, 0}, Seed());
+  RunCase({16, kRagged, 7}, Seed());
+}
+
+TEST_F(MlaDecodeTest, Heads64Ragged) {
+  RunCase({64, kRagged, 1}, Seed());
+  RunCase({64, kRagged, 0}, Seed());
+  RunCase({64, {1, 63, 64, 65, 2049}, 64}, Seed());  // more splits than tiles: empty splits
+}
+
+TEST_F(MlaDecodeTest, Heads128Ragged) {
+  RunCase({128, kRagged, 1}, Seed());
+  RunCase({128, kRagged, 0}, Seed());
+  RunCase({128, {4096, 33, 31}, 5}, Seed());
+}
+
+TEST_F(MlaDecodeTest, OtherHeadCounts) {
+  RunCase({32, {100, 700}, 3}, Seed());
+  RunCase({48, {100, 700}, 2}, Seed());
+  RunCase({96, {129, 800}, 0}, Seed());
+}
+
+TEST_F(MlaDecodeTest, EmptySequenceGivesZeroAndMinusInfLse) {
+  RunCase({64, {0, 65, 0}, 1}, Seed());
+  RunCase({64, {0, 65, 0}, 4}, Seed());
+}
+
+}  // namespace
+}  // namespace strata::kernels
