@@ -21,6 +21,7 @@ void RegisterConfigCommand(CLI::App& app);         // strata config print
 void RegisterInfoCommand(CLI::App& app);           // strata info
 void RegisterCacheCommand(CLI::App& app);          // strata cache (the cache server daemon)
 void RegisterAdminCacheCommand(CLI::App& app);     // strata admin cache ...
+void RegisterSchedulerCommands(CLI::App& app);    // strata bench replay (scheduler/)
 void RegisterBenchTransferCommand(CLI::App& app);  // strata bench transfer
 void RegisterBenchStoreCommand(CLI::App& app);     // strata bench store
 void RegisterModelCommand(CLI::App& app);         // strata model make-random | logits

@@ -1,0 +1,107 @@
+#include "scheduler/kv_events.h"
+
+#include <vector>
+
+#include "common/status.h"
+#include "common/strings.h"
+
+namespace strata::scheduler {
+
+namespace {
+
+absl::Status ParseKeys(const google::protobuf::RepeatedPtrField<std::string>& raw,
+                       std::vector<BlockKey>& keys) {
+  keys.clear();
+  keys.reserve(raw.size());
+  for (const std::string& bytes : raw) {
+    BlockKey key;
+    if (bytes.size() != key.bytes.size()) {
+      return absl::InvalidArgumentError(
+          StrCat("block key of ", bytes.size(), " bytes (expected ", key.bytes.size(), ")"));
+    }
+    std::copy(bytes.begin(), bytes.end(), key.bytes.begin());
+    keys.push_back(key);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<CacheTier> RequireTier(int proto_tier, std::string_view what) {
+  std::optional<CacheTier> tier = TierFromProto(proto_tier);
+  if (!tier.has_value()) {
+    return absl::InvalidArgumentError(StrCat(what, ": unknown or unspecified tier ", proto_tier));
+  }
+  return *tier;
+}
+
+}  // namespace
+
+absl::Status KvEventSink::Apply(NodeIndex node, const v1::KvEvent& event) {
+  std::vector<BlockKey> keys;
+  switch (event.event_case()) {
+    case v1::KvEvent::kStored: {
+      RETURN_IF_ERROR_WITH(ParseKeys(event.stored().keys(), keys), "stored event");
+      ASSIGN_OR_RETURN(CacheTier tier,
+                       RequireTier(static_cast<int>(event.stored().tier()), "stored event"));
+      index_->Stored(node, tier, keys);
+      break;
+    }
+    case v1::KvEvent::kMoved: {
+      RETURN_IF_ERROR_WITH(ParseKeys(event.moved().keys(), keys), "moved event");
+      ASSIGN_OR_RETURN(CacheTier from,
+                       RequireTier(static_cast<int>(event.moved().from_tier()), "moved event"));
+      ASSIGN_OR_RETURN(CacheTier to,
+                       RequireTier(static_cast<int>(event.moved().to_tier()), "moved event"));
+      index_->Moved(node, from, to, keys);
+      break;
+    }
+    case v1::KvEvent::kEvicted: {
+      RETURN_IF_ERROR_WITH(ParseKeys(event.evicted().keys(), keys), "evicted event");
+      // TIER_UNSPECIFIED means every tier.
+      std::optional<CacheTier> tier = TierFromProto(event.evicted().tier());
+      if (!tier.has_value() && event.evicted().tier() != v1::TIER_UNSPECIFIED) {
+        return absl::InvalidArgumentError(
+            StrCat("evicted event: unknown tier ", static_cast<int>(event.evicted().tier())));
+      }
+      index_->Evicted(node, tier, keys);
+      break;
+    }
+    case v1::KvEvent::kQuarantined: {
+      google::protobuf::RepeatedPtrField<std::string> one;
+      *one.Add() = event.quarantined().key();
+      RETURN_IF_ERROR_WITH(ParseKeys(one, keys), "quarantined event");
+      index_->Quarantined(keys.front());
+      break;
+    }
+    case v1::KvEvent::kDigest: {
+      const auto& digest = event.digest();
+      RETURN_IF_ERROR_WITH(ParseKeys(digest.keys(), keys), "digest page");
+      ASSIGN_OR_RETURN(CacheTier tier, RequireTier(static_cast<int>(digest.tier()), "digest page"));
+      index_->DigestPage(node, digest.digest_id(), tier, keys, digest.last_page());
+      if (digest.last_page()) {
+        absl::MutexLock lock(&mu_);
+        SourceState& s = sources_[node];
+        s.out_of_sync = false;
+        s.seen = true;
+        s.last_sequence = event.sequence();
+        return absl::OkStatus();
+      }
+      break;
+    }
+    case v1::KvEvent::EVENT_NOT_SET:
+      return absl::InvalidArgumentError("KV event without a payload");
+  }
+  absl::MutexLock lock(&mu_);
+  SourceState& s = sources_[node];
+  if (s.seen && event.sequence() != s.last_sequence + 1) s.out_of_sync = true;
+  s.seen = true;
+  s.last_sequence = event.sequence();
+  return absl::OkStatus();
+}
+
+bool KvEventSink::OutOfSync(NodeIndex node) const {
+  absl::MutexLock lock(&mu_);
+  auto it = sources_.find(node);
+  return it != sources_.end() && it->second.out_of_sync;
+}
+
+}  // namespace strata::scheduler

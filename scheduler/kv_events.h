@@ -1,0 +1,44 @@
+// KvEventSink: applies proto KV events (proto/strata/v1/events.proto) from cache servers and
+// workers to the PrefixIndex.
+//
+// Each source's events carry a sequence number increasing by one. A gap means events were lost:
+// the sink marks the source out of sync (its state in the index may be stale) until the next
+// complete digest replaces it. Malformed events (bad key sizes, unknown tiers) are rejected with
+// InvalidArgument and change nothing.
+//
+// Thread safety: safe to call concurrently (the index locks; the sequence map has its own mutex).
+#pragma once
+
+#include <string>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "scheduler/prefix_index.h"
+#include "strata/v1/events.pb.h"
+
+namespace strata::scheduler {
+
+class KvEventSink {
+ public:
+  explicit KvEventSink(PrefixIndex* index) : index_(index) {}
+
+  // `node` is the registry index of event.source().
+  absl::Status Apply(NodeIndex node, const v1::KvEvent& event);
+
+  // True when a sequence gap was seen for `node` and no complete digest has arrived since.
+  bool OutOfSync(NodeIndex node) const;
+
+ private:
+  struct SourceState {
+    uint64_t last_sequence = 0;
+    bool seen = false;
+    bool out_of_sync = false;
+  };
+
+  PrefixIndex* index_;
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<NodeIndex, SourceState> sources_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace strata::scheduler
