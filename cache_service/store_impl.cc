@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <random>
 
 #include "common/checksum.h"
@@ -135,6 +136,12 @@ absl::Status StoreImpl::Init() {
                                           .capacity_bytes = options_.ssd_capacity_bytes,
                                           .max_bytes = options_.ssd_max_bytes,
                                           .slots_per_file = options_.ssd_slots_per_file}));
+  }
+  // A fresh host has no data directory yet: create it (and its parents) rather than fail.
+  std::error_code ec;
+  std::filesystem::create_directories(options_.data_dir, ec);
+  if (ec) {
+    return ErrnoToStatus(ec.value(), StrCat("creating cache data_dir ", options_.data_dir));
   }
   ASSIGN_OR_RETURN(index_, BlockIndex::Open(StrCat(options_.data_dir, "/index")));
 

@@ -71,6 +71,15 @@ class BlockStoreTest : public ::testing::Test {
   const Namespace ns_ = Ns("tenant-a");
 };
 
+// Regression: a fresh host has no data directory; Open must create it with its parents.
+TEST_F(BlockStoreTest, OpenCreatesAMissingDataDirectory) {
+  StoreOptions o = Options(4, 4);
+  o.data_dir = dir_ + "/not/yet/there";
+  auto store = OpenStore(std::move(o));
+  ASSERT_NE(store, nullptr);
+  EXPECT_TRUE(std::filesystem::is_directory(dir_ + "/not/yet/there/index"));
+}
+
 TEST_F(BlockStoreTest, PutThenLookupReturnsLongestPrefixWithCorrectBytes) {
   auto store = OpenStore(Options(16, 0));
   const auto keys = Chain(ns_, 6, 1);
