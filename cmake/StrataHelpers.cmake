@@ -39,6 +39,7 @@ function(strata_cc_test)
     set(ARG_TIMEOUT 120)
   endif()
   add_executable(${ARG_NAME} ${ARG_SRCS})
+  target_include_directories(${ARG_NAME} PRIVATE ${PROJECT_SOURCE_DIR})  # "tests/util/..."
   target_link_libraries(${ARG_NAME} PRIVATE ${ARG_DEPS} GTest::gtest GTest::gmock GTest::gtest_main)
   add_test(NAME ${ARG_NAME} COMMAND ${ARG_NAME} ${ARG_ARGS})
   set_tests_properties(${ARG_NAME} PROPERTIES

@@ -8,6 +8,7 @@
 
 #include "tests/cache_service/daemon_util.h"
 #include "tests/cache_service/store_test_util.h"
+#include "tests/util/subprocess.h"
 
 namespace strata::cache {
 namespace {
@@ -22,14 +23,8 @@ struct CliRun {
 };
 
 CliRun Strata(const std::string& args) {
-  CliRun r;
-  FILE* p = popen((StrataBinary() + " " + args + " 2>&1").c_str(), "r");
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
-  const int status = pclose(p);
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
+  const auto r = ::strata::testing_util::RunCommand(StrataBinary() + " " + args);
+  return {r.exit_code, r.output};
 }
 
 TEST(AdminCliTest, CommandsTablesJsonAndExitCodes) {

@@ -7,6 +7,8 @@
 #include <fstream>
 #include <string>
 
+#include "tests/util/subprocess.h"
+
 namespace {
 
 struct Result {

@@ -7,25 +7,13 @@
 #include <fstream>
 
 #include "tests/compute_nodes/test_util.h"
+#include "tests/util/subprocess.h"
 
 namespace strata {
 namespace {
 
-struct Result {
-  int exit_code;
-  std::string output;
-};
-
-Result RunStrata(const std::string& args) {
-  const char* dir = std::getenv("STRATA_BINARY_DIR");
-  const std::string cmd = std::string(dir ? dir : ".") + "/cli/strata " + args + " 2>&1";
-  FILE* pipe = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[1024];
-  while (fgets(buf, sizeof(buf), pipe) != nullptr) out += buf;
-  const int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
-}
+using Result = ::strata::testing_util::CommandResult;
+using ::strata::testing_util::RunStrata;
 
 // float32 [rows, cols] from a .npy; checks the header.
 std::vector<float> ReadNpy(const std::string& path, int64_t rows, int64_t cols) {

@@ -9,24 +9,16 @@
 #include <string>
 
 #include "tests/compute_nodes/tokenizer/real_tokenizer.h"
+#include "tests/util/subprocess.h"
 
 namespace strata::tokenizer {
 namespace {
 
-struct Result {
-  int exit_code;
-  std::string output;  // stdout only
-};
+using Result = ::strata::testing_util::CommandResult;
 
+// stdout only: the tests compare exact output.
 Result RunStrata(const std::string& args) {
-  const char* dir = std::getenv("STRATA_BINARY_DIR");
-  const std::string cmd = std::string(dir ? dir : ".") + "/cli/strata " + args + " 2>/dev/null";
-  FILE* pipe = popen(cmd.c_str(), "r");
-  std::string out;
-  char buf[1024];
-  while (fgets(buf, sizeof(buf), pipe) != nullptr) out += buf;
-  const int status = pclose(pipe);
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+  return ::strata::testing_util::RunStrata(args, ::strata::testing_util::Stderr::kDiscard);
 }
 
 TEST(TokenizeCommandTest, EncodesDecodesAndRendersChats) {
