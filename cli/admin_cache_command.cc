@@ -15,6 +15,7 @@
 #include "cli/commands.h"
 #include "cli/strata_config.h"
 #include "common/block_key.h"
+#include "common/file_util.h"
 #include "common/grpc_status.h"
 #include "common/hex.h"
 #include "common/strings.h"
@@ -65,10 +66,9 @@ class AdminClient {
     if (const char* env = std::getenv("STRATA_ADMIN_TOKEN"); env && token_file.empty()) {
       token_ = env;
     } else if (!token_file.empty()) {
-      std::ifstream in(token_file);
-      if (!in) Fail(2, StrCat("cannot read admin token file ", token_file));
-      std::string t((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-      token_ = std::string(StripWhitespace(t));
+      auto token = ReadSecretFile(token_file, "admin token");
+      if (!token.ok()) Fail(2, std::string(token.status().message()));
+      token_ = *std::move(token);
     }
     stub_ =
         v1::CacheAdmin::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));

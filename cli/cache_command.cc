@@ -12,18 +12,17 @@
 #include "cache_service/cache_server.h"
 #include "cli/commands.h"
 #include "cli/strata_config.h"
+#include "common/file_util.h"
 #include "common/strings.h"
 #include "spdlog/spdlog.h"
 
 namespace strata::cli {
 namespace {
 
-absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
+// An unset path means "not configured" (an empty secret), not an error.
+absl::StatusOr<std::string> ReadOptionalSecret(const std::string& path, std::string_view what) {
   if (path.empty()) return std::string();
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(StrCat("cannot read token file ", path));
-  std::string token((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  return std::string(StripWhitespace(token));
+  return ReadSecretFile(path, what);
 }
 
 absl::StatusOr<cache::CacheServerOptions> ToServerOptions(const StrataConfig& config) {
@@ -35,10 +34,10 @@ absl::StatusOr<cache::CacheServerOptions> ToServerOptions(const StrataConfig& co
   o.digest_interval = c.digest_interval;
   o.transfer_listen = c.transfer_listen;
   o.shm_socket_path = c.shm_socket;
-  auto secret = ReadTokenFile(config.cluster.secret_file);
+  auto secret = ReadOptionalSecret(config.cluster.secret_file, "cluster secret");
   if (!secret.ok()) return secret.status();
   o.cluster_secret = *secret;
-  auto token = ReadTokenFile(config.cluster.admin_token_file);
+  auto token = ReadOptionalSecret(config.cluster.admin_token_file, "admin token");
   if (!token.ok()) return token.status();
   o.admin_token = *token;
   cache::StoreOptions& s = o.store;

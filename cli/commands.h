@@ -7,6 +7,9 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <cstdint>
+#include <string_view>
+#include <vector>
 
 namespace strata::cli {
 
@@ -17,15 +20,19 @@ CLI::App& AdminGroup(CLI::App& app);
 // Exit code for a failed command: print `message` to stderr and make main() return `code`.
 [[noreturn]] void Fail(int code, const std::string& message);
 
+// Token ids written as "1,2,3", "[1, 2, 3]" or separated by whitespace; a bad id Fail()s with
+// exit code 2, naming `context` (the command).
+std::vector<int32_t> ParseTokenIdsOrFail(std::string_view text, std::string_view context);
+
 void RegisterConfigCommand(CLI::App& app);         // strata config print
 void RegisterInfoCommand(CLI::App& app);           // strata info
 void RegisterCacheCommand(CLI::App& app);          // strata cache (the cache server daemon)
 void RegisterAdminCacheCommand(CLI::App& app);     // strata admin cache ...
-void RegisterSchedulerCommands(CLI::App& app);    // strata bench replay (scheduler/)
+void RegisterSchedulerCommands(CLI::App& app);     // strata bench replay (scheduler/)
 void RegisterBenchTransferCommand(CLI::App& app);  // strata bench transfer
 void RegisterBenchStoreCommand(CLI::App& app);     // strata bench store
-void RegisterModelCommand(CLI::App& app);         // strata model make-random | logits
-void RegisterGenerateCommand(CLI::App& app);      // strata generate
+void RegisterModelCommand(CLI::App& app);          // strata model make-random | logits
+void RegisterGenerateCommand(CLI::App& app);       // strata generate
 
 // strata tokenize (compute_nodes/tokenizer)
 void RegisterTokenizeCommand(CLI::App& app);

@@ -1,6 +1,7 @@
 #include <iostream>
 
 #include "cli/commands.h"
+#include "common/strings.h"
 
 namespace strata::cli {
 namespace {
@@ -27,6 +28,20 @@ CLI::App& AdminGroup(CLI::App& app) {
   CLI::App* admin = app.add_subcommand("admin", "Operator commands over the admin gRPC APIs");
   admin->require_subcommand(1);
   return *admin;
+}
+
+std::vector<int32_t> ParseTokenIdsOrFail(std::string_view text, std::string_view context) {
+  std::string normalized(text);
+  for (char& c : normalized) {
+    if (c == ',' || c == '[' || c == ']' || c == '\n' || c == '\t' || c == '\r') c = ' ';
+  }
+  std::vector<int32_t> ids;
+  for (std::string_view piece : StrSplit(normalized, ' ', /*skip_empty=*/true)) {
+    const auto id = ParseInt64(piece);
+    if (!id || *id < 0 || *id > INT32_MAX) Fail(2, StrCat(context, ": bad token id '", piece, "'"));
+    ids.push_back(static_cast<int32_t>(*id));
+  }
+  return ids;
 }
 
 void Fail(int code, const std::string& message) {

@@ -10,6 +10,7 @@
 #include <optional>
 
 #include "cli/commands.h"
+#include "common/file_util.h"
 #include "common/strings.h"
 #include "compute_nodes/backend/cpu/cpu_engine.h"
 #include "compute_nodes/model/make_random.h"
@@ -24,19 +25,11 @@ namespace {
 std::vector<int32_t> ParseIds(const std::string& list, const std::string& file) {
   std::string text = list;
   if (!file.empty()) {
-    std::ifstream in(file);
-    if (!in) Fail(2, StrCat("cannot open ", file));
-    text.assign(std::istreambuf_iterator<char>(in), {});
+    auto contents = ReadFile(file);
+    if (!contents.ok()) Fail(2, std::string(contents.status().message()));
+    text = *std::move(contents);
   }
-  for (char& ch : text) {
-    if (ch == ',' || ch == '\n' || ch == '\t' || ch == '\r' || ch == '[' || ch == ']') ch = ' ';
-  }
-  std::vector<int32_t> ids;
-  for (std::string_view piece : StrSplit(text, ' ', /*skip_empty=*/true)) {
-    auto v = ParseInt64(piece);
-    if (!v || *v < 0 || *v > INT32_MAX) Fail(2, StrCat("bad token id '", piece, "'"));
-    ids.push_back(static_cast<int32_t>(*v));
-  }
+  std::vector<int32_t> ids = ParseTokenIdsOrFail(text, "model");
   if (ids.empty()) Fail(2, "no token ids given");
   return ids;
 }

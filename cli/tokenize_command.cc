@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "cli/commands.h"
+#include "common/file_util.h"
 #include "common/paths.h"
 #include "common/strings.h"
 #include "compute_nodes/tokenizer/chat_template.h"
@@ -33,26 +34,9 @@ struct TokenizeFlags {
 };
 
 std::string ReadFileOrFail(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) Fail(2, StrCat("tokenize: cannot open ", path));
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return buffer.str();
-}
-
-std::vector<int32_t> ParseIdsOrFail(const std::string& list) {
-  std::vector<int32_t> ids;
-  std::string normalized = list;
-  for (char& c : normalized) {
-    if (c == ',' || c == '[' || c == ']' || c == '\n' || c == '\t') c = ' ';
-  }
-  for (std::string_view piece : StrSplit(normalized, ' ', /*skip_empty=*/true)) {
-    const auto id = ParseInt64(piece);
-    if (!id || *id < 0 || *id > INT32_MAX)
-      Fail(2, StrCat("tokenize: bad token id \"", piece, "\""));
-    ids.push_back(static_cast<int32_t>(*id));
-  }
-  return ids;
+  auto contents = ReadFile(path);
+  if (!contents.ok()) Fail(2, StrCat("tokenize: ", contents.status().message()));
+  return *std::move(contents);
 }
 
 void Run(const TokenizeFlags& f) {
@@ -63,7 +47,8 @@ void Run(const TokenizeFlags& f) {
   const tokenizer::Tokenizer& tok = **tokenizer;
 
   if (!f.decode.empty()) {
-    const std::string text = tok.Decode(ParseIdsOrFail(f.decode), f.skip_special_tokens);
+    const std::string text =
+        tok.Decode(ParseTokenIdsOrFail(f.decode, "tokenize"), f.skip_special_tokens);
     if (f.json) {
       std::cout << nlohmann::json{{"text", text}}.dump() << "\n";
     } else {

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "common/file_util.h"
 #include "common/status.h"
 #include "common/strings.h"
 
@@ -42,15 +43,7 @@ std::string_view AccessName(Access access) {
 }
 
 absl::StatusOr<ClusterSecret> ClusterSecret::FromFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return ErrnoToStatus(errno, StrCat("reading cluster secret ", path));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  std::string key = ss.str();
-  while (!key.empty() && (key.back() == '\n' || key.back() == '\r' || key.back() == ' ')) {
-    key.pop_back();
-  }
-  if (key.empty()) return absl::InvalidArgumentError(StrCat("cluster secret ", path, " is empty"));
+  ASSIGN_OR_RETURN(std::string key, ReadSecretFile(path, "cluster secret"));
   return ClusterSecret(std::move(key));
 }
 

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "common/file_util.h"
 #include "common/status.h"
 #include "common/strings.h"
 
@@ -255,11 +256,8 @@ absl::Status ValidateModelConfig(const ModelConfig& c) {
 }
 
 absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(StrCat("cannot open ", path));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  auto config = ParseModelConfig(ss.str());
+  ASSIGN_OR_RETURN(const std::string text, ReadFile(path));
+  auto config = ParseModelConfig(text);
   if (!config.ok()) return Annotate(config.status(), path);
   return config;
 }

@@ -13,6 +13,7 @@
 #include <set>
 #include <sstream>
 
+#include "common/file_util.h"
 #include "common/status.h"
 #include "common/strings.h"
 
@@ -182,10 +183,8 @@ absl::StatusOr<std::unique_ptr<TensorStore>> TensorStore::Open(const std::string
   const fs::path index = fs::path(dir) / "model.safetensors.index.json";
   std::set<std::string> files;
   if (fs::exists(index)) {
-    std::ifstream in(index);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    json j = json::parse(ss.str(), nullptr, false);
+    ASSIGN_OR_RETURN(const std::string index_text, ReadFile(index.string()));
+    json j = json::parse(index_text, nullptr, false);
     if (j.is_discarded() || !j.contains("weight_map") || !j["weight_map"].is_object()) {
       return absl::InvalidArgumentError(StrCat(index.string(), ": no weight_map"));
     }

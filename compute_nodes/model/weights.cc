@@ -4,6 +4,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "common/file_util.h"
 #include "common/sha256.h"
 #include "common/status.h"
 #include "common/strings.h"
@@ -110,14 +111,7 @@ std::vector<TensorSpec> CheckpointTensors(const ModelConfig& c) {
 
 absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModel(const std::string& dir) {
   const std::string config_path = (std::filesystem::path(dir) / "config.json").string();
-  std::string config_text;
-  {
-    std::ifstream in(config_path, std::ios::binary);
-    if (!in) return absl::NotFoundError(StrCat("cannot open ", config_path));
-    std::stringstream ss;
-    ss << in.rdbuf();
-    config_text = ss.str();
-  }
+  ASSIGN_OR_RETURN(const std::string config_text, ReadFile(config_path));
   auto w = std::make_unique<ModelWeights>();
   ASSIGN_OR_RETURN_WITH(w->config, ParseModelConfig(config_text), config_path);
   const ModelConfig& c = w->config;

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "common/file_util.h"
 #include "common/status.h"
 #include "common/strings.h"
 #include "compute_nodes/tokenizer/pre_tokenizer.h"
@@ -14,11 +15,8 @@ namespace strata::tokenizer {
 namespace {
 
 absl::StatusOr<nlohmann::json> ReadJson(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(StrCat("cannot open ", path));
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  nlohmann::json json = nlohmann::json::parse(buffer.str(), nullptr, /*allow_exceptions=*/false);
+  ASSIGN_OR_RETURN(const std::string text, ReadFile(path));
+  nlohmann::json json = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (json.is_discarded()) return absl::InvalidArgumentError(StrCat(path, " is not valid JSON"));
   return json;
 }
