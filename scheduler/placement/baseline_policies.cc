@@ -12,13 +12,22 @@ absl::Status NoCandidate(std::string_view what) {
   return absl::UnavailableError(StrCat("no live, undrained ", what, " node"));
 }
 
-// Candidates of one role, as indices into context.nodes.
-template <typename Pred>
-void Candidates(std::span<const NodeView> nodes, Pred pred, std::vector<NodeIndex>& out) {
-  out.clear();
+// The live prefill and decode candidates, as indices into `nodes`; Unavailable if a role has
+// none. Random and round-robin choose among them.
+struct RoleCandidates {
+  std::vector<NodeIndex> prefill;
+  std::vector<NodeIndex> decode;
+};
+
+absl::StatusOr<RoleCandidates> CandidatesByRole(std::span<const NodeView> nodes) {
+  RoleCandidates c;
   for (const NodeView& n : nodes) {
-    if (pred(n)) out.push_back(n.index);
+    if (n.CanPrefill()) c.prefill.push_back(n.index);
+    if (n.CanDecode()) c.decode.push_back(n.index);
   }
+  if (c.prefill.empty()) return NoCandidate("prefill");
+  if (c.decode.empty()) return NoCandidate("decode");
+  return c;
 }
 
 absl::StatusOr<Placement> Finish(const PlacementRequest& request, const PlacementContext& context,
@@ -50,29 +59,17 @@ NodeIndex LeastLoadedPrefill(std::span<const NodeView> nodes) {
 
 absl::StatusOr<Placement> RandomPolicy::Place(const PlacementRequest& request,
                                               const PlacementContext& context) {
-  std::vector<NodeIndex> prefill, decode;
-  Candidates(
-      context.nodes, [](const NodeView& n) { return n.CanPrefill(); }, prefill);
-  Candidates(
-      context.nodes, [](const NodeView& n) { return n.CanDecode(); }, decode);
-  if (prefill.empty()) return NoCandidate("prefill");
-  if (decode.empty()) return NoCandidate("decode");
-  const NodeIndex p = prefill[rng_() % prefill.size()];
-  const NodeIndex d = decode[rng_() % decode.size()];
+  ASSIGN_OR_RETURN(const RoleCandidates c, CandidatesByRole(context.nodes));
+  const NodeIndex p = c.prefill[rng_() % c.prefill.size()];
+  const NodeIndex d = c.decode[rng_() % c.decode.size()];
   return Finish(request, context, p, d);
 }
 
 absl::StatusOr<Placement> RoundRobinPolicy::Place(const PlacementRequest& request,
                                                   const PlacementContext& context) {
-  std::vector<NodeIndex> prefill, decode;
-  Candidates(
-      context.nodes, [](const NodeView& n) { return n.CanPrefill(); }, prefill);
-  Candidates(
-      context.nodes, [](const NodeView& n) { return n.CanDecode(); }, decode);
-  if (prefill.empty()) return NoCandidate("prefill");
-  if (decode.empty()) return NoCandidate("decode");
-  const NodeIndex p = prefill[prefill_cursor_++ % prefill.size()];
-  const NodeIndex d = decode[decode_cursor_++ % decode.size()];
+  ASSIGN_OR_RETURN(const RoleCandidates c, CandidatesByRole(context.nodes));
+  const NodeIndex p = c.prefill[prefill_cursor_++ % c.prefill.size()];
+  const NodeIndex d = c.decode[decode_cursor_++ % c.decode.size()];
   return Finish(request, context, p, d);
 }
 
