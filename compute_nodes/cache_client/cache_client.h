@@ -1,0 +1,133 @@
+// The cache client (ARCHITECTURE.md §6): how a worker reads and writes KV blocks of one cache
+// server. Control over gRPC (CacheControl: Connect, Lookup, Reserve, Commit, Release), bytes
+// through the transfer engine (shm on the same host, rdma or tcp otherwise).
+//
+//   ASSIGN_OR_RETURN(auto client, CacheClient::Connect({.address = "127.0.0.1:7400", ...}));
+//   FetchResult hit = client->Fetch(ns, keys, tokens, layout, "req-1");
+//   for (const FetchedBlock& b : hit.blocks) pool.ImportPage(page, kBf16, b.payload);
+//   client->SaveAsync(ns, "tenant", layout, std::move(blocks), "req-1", [](auto r) { ... });
+//
+// What is stored under a key is a whole block in the block format (common/block_format.h):
+// header + token ids + payload. A fetched block is verified before it is returned — the
+// checksum, the token ids and the key recomputed from them — so a corrupt, truncated or foreign
+// block is never imported: the fetch stops at it and the caller recomputes from there.
+//
+// Failure model: Fetch never fails a request. A dead or slow server, a transfer error or a bad
+// block ends the verified prefix early and is reported in FetchResult::first_failure; the worker
+// recomputes the rest. Saves are best effort too (a full cache is not an error of the request),
+// but their outcome is reported per block. Leases taken by Fetch are released before it returns;
+// write leases end with Commit (or expire on the server if the client dies).
+//
+// Thread safety: every method may be called from any thread, concurrently.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/block_format.h"
+#include "common/block_key.h"
+#include "transfer/transfer_engine.h"
+#include "transfer/transport.h"
+
+namespace strata::cache_client {
+
+struct CacheClientOptions {
+  std::string address;    // the cache server's gRPC "host:port"
+  std::string client_id;  // this worker's node id (server logs, leases)
+  std::string host_id;    // this host: a server with the same host id is reached over shm
+  std::string cluster_secret;  // for the transfer engine's capabilities; empty in dev clusters
+  std::optional<transfer::TransportKind> force_transport;  // config `transfer.transport`
+  // Tests: wraps every transport (fault injection, transfer/fault/fault_transport.h).
+  std::function<std::unique_ptr<transfer::Transport>(std::unique_ptr<transfer::Transport>)>
+      wrap_transport;
+  absl::Duration rpc_timeout = absl::Seconds(5);        // each control RPC
+  absl::Duration transfer_timeout = absl::Seconds(10);  // each batch of block reads or writes
+  // Write-behind bound: SaveAsync blocks its caller while more than this many bytes of blocks
+  // are queued or in flight (bounded memory under a slow or full cache).
+  uint64_t max_pending_save_bytes = 256ull << 20;
+};
+
+// Where a fetched block was served from, for cached-token accounting (CachedTokens in the API).
+enum class HitTier { kGpu, kDram, kSsd };
+
+struct FetchedBlock {
+  HitTier tier = HitTier::kDram;
+  std::vector<uint8_t> payload;  // the verified payload only (no header, no tokens)
+};
+
+struct FetchResult {
+  int64_t hit_blocks = 0;             // what Lookup reported present (a prefix of the keys)
+  std::vector<FetchedBlock> blocks;   // verified, in key order: blocks.size() <= hit_blocks
+  absl::Status first_failure;         // why blocks.size() < hit_blocks (OK when equal)
+  double lookup_ms = 0;
+  double transfer_ms = 0;
+};
+
+// One block to save: its key, its parent's key (all zero for the first block), its B tokens
+// and its payload in the layout's codec.
+struct BlockToSave {
+  BlockKey key;
+  BlockKey parent;
+  std::vector<uint32_t> tokens;
+  std::vector<uint8_t> payload;
+};
+
+struct SaveResult {
+  int64_t stored = 0;   // committed by this save
+  int64_t present = 0;  // already in the cache (ALREADY_EXISTS), skipped
+  int64_t failed = 0;   // refused (full, quota) or lost in transit (DataLoss at commit)
+  absl::Status first_error;  // OK unless failed > 0
+  std::vector<BlockKey> keys_in_cache;  // stored + present, in request order
+};
+
+class CacheClient {
+ public:
+  // Connects the control channel (CacheControl.Connect) and opens a transfer peer to the
+  // server's "dram" segment. Unavailable when the server cannot be reached within rpc_timeout.
+  static absl::StatusOr<std::unique_ptr<CacheClient>> Connect(CacheClientOptions options);
+  ~CacheClient();
+
+  const std::string& address() const;
+  const std::string& server_id() const;
+  transfer::TransportKind transport() const;  // the transport chosen for the data plane
+
+  // Looks up `keys` (a chain: keys[i] is the parent of keys[i+1]), reads the longest present
+  // prefix under a read lease and verifies each block against its key and its tokens
+  // (`tokens` holds keys.size() · layout.block_tokens ids, block i at i·B). Stops at the first
+  // block that cannot be read or verified.
+  FetchResult Fetch(const Namespace& ns, std::span<const BlockKey> keys,
+                    std::span<const uint32_t> tokens, const BlockLayout& layout,
+                    const std::string& request_id);
+
+  // Reserve → write every block (encoded with its header and tokens) → Commit. Blocks must form
+  // a chain in order (each one's parent is the previous one's key, or the stated parent for the
+  // first). Returns an error only when the server could not be asked at all (Unavailable,
+  // DeadlineExceeded); per-block refusals are counted in the result.
+  absl::StatusOr<SaveResult> Save(const Namespace& ns, const std::string& tenant,
+                                  const BlockLayout& layout, std::vector<BlockToSave> blocks,
+                                  const std::string& request_id);
+
+  // Save on a background thread (write-behind). `done` runs once, on that thread, after the
+  // blocks are committed or refused. Blocks the caller while max_pending_save_bytes are pending.
+  void SaveAsync(const Namespace& ns, const std::string& tenant, const BlockLayout& layout,
+                 std::vector<BlockToSave> blocks, const std::string& request_id,
+                 std::function<void(absl::StatusOr<SaveResult>)> done);
+
+  // Waits until every SaveAsync issued so far has completed.
+  void FlushSaves();
+
+ private:
+  struct Impl;
+  explicit CacheClient(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace strata::cache_client
