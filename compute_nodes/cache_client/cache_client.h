@@ -40,9 +40,9 @@
 namespace strata::cache_client {
 
 struct CacheClientOptions {
-  std::string address;    // the cache server's gRPC "host:port"
-  std::string client_id;  // this worker's node id (server logs, leases)
-  std::string host_id;    // this host: a server with the same host id is reached over shm
+  std::string address;         // the cache server's gRPC "host:port"
+  std::string client_id;       // this worker's node id (server logs, leases)
+  std::string host_id;         // this host: a server with the same host id is reached over shm
   std::string cluster_secret;  // for the transfer engine's capabilities; empty in dev clusters
   std::optional<transfer::TransportKind> force_transport;  // config `transfer.transport`
   // Tests: wraps every transport (fault injection, transfer/fault/fault_transport.h).
@@ -64,9 +64,14 @@ struct FetchedBlock {
 };
 
 struct FetchResult {
-  int64_t hit_blocks = 0;             // what Lookup reported present (a prefix of the keys)
-  std::vector<FetchedBlock> blocks;   // verified, in key order: blocks.size() <= hit_blocks
-  absl::Status first_failure;         // why blocks.size() < hit_blocks (OK when equal)
+  int64_t hit_blocks = 0;            // what Lookup reported present (a prefix of the keys)
+  std::vector<FetchedBlock> blocks;  // verified, in key order: blocks.size() <= hit_blocks
+  // Why blocks.size() < hit_blocks (OK when equal). Also set when the Lookup itself failed
+  // (hit_blocks 0: Unavailable / DeadlineExceeded) or the arguments were bad (InvalidArgument).
+  // Codes: DataLoss (corrupt in transit or at rest), NotFound (an intact block that is not the
+  // one asked for: IsBlockIdentityMismatch), Unavailable (server or link down, or the block is
+  // not remotely readable), DeadlineExceeded (too slow).
+  absl::Status first_failure;
   double lookup_ms = 0;
   double transfer_ms = 0;
 };
@@ -81,9 +86,9 @@ struct BlockToSave {
 };
 
 struct SaveResult {
-  int64_t stored = 0;   // committed by this save
-  int64_t present = 0;  // already in the cache (ALREADY_EXISTS), skipped
-  int64_t failed = 0;   // refused (full, quota) or lost in transit (DataLoss at commit)
+  int64_t stored = 0;        // committed by this save
+  int64_t present = 0;       // already in the cache (ALREADY_EXISTS), skipped
+  int64_t failed = 0;        // refused (full, quota) or lost in transit (DataLoss at commit)
   absl::Status first_error;  // OK unless failed > 0
   std::vector<BlockKey> keys_in_cache;  // stored + present, in request order
 };
@@ -110,19 +115,28 @@ class CacheClient {
   // Reserve → write every block (encoded with its header and tokens) → Commit. Blocks must form
   // a chain in order (each one's parent is the previous one's key, or the stated parent for the
   // first). Returns an error only when the server could not be asked at all (Unavailable,
-  // DeadlineExceeded); per-block refusals are counted in the result.
+  // DeadlineExceeded) or the blocks are malformed (InvalidArgument: not a chain, a key that does
+  // not name its tokens, sizes that disagree with the layout); per-block refusals are counted in
+  // the result.
   absl::StatusOr<SaveResult> Save(const Namespace& ns, const std::string& tenant,
                                   const BlockLayout& layout, std::vector<BlockToSave> blocks,
                                   const std::string& request_id);
 
   // Save on a background thread (write-behind). `done` runs once, on that thread, after the
-  // blocks are committed or refused. Blocks the caller while max_pending_save_bytes are pending.
+  // blocks are committed or refused. Blocks the caller while max_pending_save_bytes are pending
+  // (one batch is always admitted when nothing is pending, however large). Saves run in FIFO
+  // order on one thread, started by the first SaveAsync. `done` must not call FlushSaves (it
+  // would return at once) and should not block for long: it holds up every later save.
+  // The destructor runs (drains) every queued save before returning.
   void SaveAsync(const Namespace& ns, const std::string& tenant, const BlockLayout& layout,
                  std::vector<BlockToSave> blocks, const std::string& request_id,
                  std::function<void(absl::StatusOr<SaveResult>)> done);
 
   // Waits until every SaveAsync issued so far has completed.
   void FlushSaves();
+
+  // Bytes of blocks (payload + tokens) queued or in flight in SaveAsync.
+  uint64_t pending_save_bytes() const;
 
  private:
   struct Impl;

@@ -1,0 +1,602 @@
+#include "compute_nodes/cache_client/cache_client.h"
+
+#include <grpcpp/grpcpp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <utility>
+
+#include "common/checksum.h"
+#include "common/grpc_status.h"
+#include "common/metrics.h"
+#include "common/status.h"
+#include "common/strings.h"
+#include "compute_nodes/cache_client/save_queue.h"
+#include "spdlog/spdlog.h"
+#include "strata/v1/cache.grpc.pb.h"
+
+namespace strata::cache_client {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double MsSince(Clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+}
+
+// Process-wide metric families, registered once.
+struct ClientMetrics {
+  MetricFamily<Counter>& fetched;
+  MetricFamily<Counter>& fetch_failures;
+  MetricFamily<Counter>& saved;
+  MetricFamily<Counter>& bytes;
+
+  static ClientMetrics& Get() {
+    static ClientMetrics* m = [] {
+      MetricsRegistry& r = MetricsRegistry::Default();
+      return new ClientMetrics{
+          r.AddCounter("strata_cache_client_fetched_blocks_total",
+                       "Blocks fetched from a cache server and verified, per tier", {"tier"}),
+          r.AddCounter("strata_cache_client_fetch_failures_total",
+                       "Fetches whose verified prefix ended early, per reason", {"reason"}),
+          r.AddCounter("strata_cache_client_saved_blocks_total",
+                       "Blocks offered to a cache server, per outcome", {"outcome"}),
+          r.AddCounter("strata_cache_client_bytes_total",
+                       "Block bytes moved to or from cache servers", {"direction", "transport"}),
+      };
+    }();
+    return *m;
+  }
+};
+
+std::string_view TierLabel(HitTier tier) {
+  switch (tier) {
+    case HitTier::kGpu:
+      return "gpu";
+    case HitTier::kDram:
+      return "dram";
+    case HitTier::kSsd:
+      return "ssd";
+  }
+  return "dram";
+}
+
+HitTier FromProtoTier(v1::Tier tier) {
+  switch (tier) {
+    case v1::TIER_GPU:
+      return HitTier::kGpu;
+    case v1::TIER_SSD:
+      return HitTier::kSsd;
+    default:
+      return HitTier::kDram;
+  }
+}
+
+// The metrics label of a fetch failure. `identity`: the block was intact but not the one asked.
+std::string_view FailureReason(const absl::Status& status, bool identity) {
+  if (identity) return "identity";
+  switch (status.code()) {
+    case absl::StatusCode::kDataLoss:
+      return "data_loss";
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kCancelled:
+      return "unavailable";
+    case absl::StatusCode::kDeadlineExceeded:
+      return "deadline";
+    default:
+      return "other";
+  }
+}
+
+absl::Status ItemToStatus(const v1::ItemStatus& item) {
+  return absl::Status(static_cast<absl::StatusCode>(item.code()), item.message());
+}
+
+std::string KeyBytes(const BlockKey& key) { return std::string(key.View()); }
+
+bool IsZero(const BlockKey& key) {
+  return std::all_of(key.bytes.begin(), key.bytes.end(), [](uint8_t b) { return b == 0; });
+}
+
+std::string HostName() {
+  char name[256] = {};
+  gethostname(name, sizeof(name) - 1);
+  return name;
+}
+
+// The peer's transfer endpoints as the engine wants them.
+transfer::PeerSpec PeerSpecOf(const std::string& name, const std::string& host_id,
+                              const v1::SegmentDescriptor& segment) {
+  transfer::PeerSpec spec{.name = name, .host_id = host_id};
+  for (const auto& ep : segment.endpoints()) {
+    spec.endpoints.push_back({.kind = static_cast<transfer::TransportKind>(ep.kind()),
+                              .address = ep.address(),
+                              .host_id = ep.host_id(),
+                              .rdma_gid = ep.rdma_gid(),
+                              .rdma_qp_count = ep.rdma_qp_count()});
+  }
+  return spec;
+}
+
+bool SameLayout(const BlockLayout& a, const BlockLayout& b) {
+  return a.codec == b.codec && a.n_layers == b.n_layers && a.block_tokens == b.block_tokens &&
+         a.kv_lora_rank == b.kv_lora_rank && a.rope_dim == b.rope_dim;
+}
+
+// Submits `ops` and waits for all of them. `keep_alive` owns the local buffers: the batch holds
+// it until its last request completed, so buffers stay valid even if the wait gives up first.
+std::shared_ptr<transfer::Batch> RunBatch(transfer::TransferEngine& engine, transfer::Peer& peer,
+                                          std::vector<transfer::TransferOp> ops,
+                                          absl::Duration timeout,
+                                          std::shared_ptr<const void> keep_alive) {
+  auto batch =
+      engine.Submit(peer, std::move(ops),
+                    {.timeout = timeout, .on_done = [keep_alive](const transfer::Batch&) {}});
+  // The engine ends every request shortly after its deadline; the slack covers a loaded host.
+  batch->Wait(timeout + absl::Seconds(2));
+  return batch;
+}
+
+}  // namespace
+
+struct CacheClient::Impl {
+  CacheClientOptions options;
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<v1::CacheControl::Stub> stub;
+  std::string server_id;
+  std::unique_ptr<transfer::TransferEngine> engine;  // outlives `peer` (declared before it)
+  std::shared_ptr<transfer::Peer> peer;
+  std::string transport_label;  // "shm" | "tcp" | "rdma"
+  ClientMetrics& metrics = ClientMetrics::Get();
+
+  std::mutex queue_mu;
+  std::unique_ptr<SaveQueue> queue;  // created by the first SaveAsync; drained before the rest
+
+  void SetDeadline(grpc::ClientContext& ctx) const {
+    ctx.set_deadline(absl::ToChronoTime(absl::Now() + options.rpc_timeout));
+  }
+
+  // `context` names the call in the message: "cache server 127.0.0.1:7400: Lookup: ...".
+  absl::Status RpcError(const grpc::Status& status, std::string_view call) const {
+    const absl::Status s = FromGrpcStatus(status);
+    return absl::Status(s.code(),
+                        StrCat("cache server ", options.address, ": ", call, ": ", s.message()));
+  }
+
+  void ReleaseLease(uint64_t lease_id) {
+    grpc::ClientContext ctx;
+    SetDeadline(ctx);
+    v1::ReleaseRequest req;
+    req.set_lease_id(lease_id);
+    v1::ReleaseResponse resp;
+    const grpc::Status s = stub->Release(&ctx, req, &resp);
+    if (!s.ok()) {
+      // The lease expires on the server anyway; only its blocks stay pinned until then.
+      spdlog::debug("cache client: release of lease {} at {}: {}", lease_id, options.address,
+                    s.error_message());
+    }
+  }
+};
+
+CacheClient::CacheClient(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+CacheClient::~CacheClient() {
+  // Pending saves still use the channel and the engine: drain them first.
+  std::unique_ptr<SaveQueue> queue;
+  {
+    std::lock_guard<std::mutex> lock(impl_->queue_mu);
+    queue = std::move(impl_->queue);
+  }
+  queue.reset();
+}
+
+const std::string& CacheClient::address() const { return impl_->options.address; }
+const std::string& CacheClient::server_id() const { return impl_->server_id; }
+transfer::TransportKind CacheClient::transport() const { return impl_->peer->transport(); }
+
+uint64_t CacheClient::pending_save_bytes() const {
+  std::lock_guard<std::mutex> lock(impl_->queue_mu);
+  return impl_->queue ? impl_->queue->pending_bytes() : 0;
+}
+
+absl::StatusOr<std::unique_ptr<CacheClient>> CacheClient::Connect(CacheClientOptions options) {
+  if (options.address.empty()) return absl::InvalidArgumentError("cache client: empty address");
+  if (options.host_id.empty()) options.host_id = HostName();
+  auto impl = std::make_unique<Impl>();
+  impl->options = std::move(options);
+  const CacheClientOptions& o = impl->options;
+
+  transfer::EngineOptions eo{.host_id = o.host_id,
+                             .secret = transfer::ClusterSecret(o.cluster_secret),
+                             .force_transport = o.force_transport,
+                             .enable_rdma = true,
+                             .connect_timeout = o.rpc_timeout,
+                             .wrap_transport = o.wrap_transport};
+  ASSIGN_OR_RETURN(impl->engine, transfer::TransferEngine::Create(std::move(eo)));
+
+  impl->channel = grpc::CreateChannel(o.address, grpc::InsecureChannelCredentials());
+  impl->stub = v1::CacheControl::NewStub(impl->channel);
+  v1::ConnectRequest req;
+  req.set_client_id(o.client_id);
+  req.set_host_id(o.host_id);
+  if (o.force_transport) {
+    req.add_transports(static_cast<v1::TransportKind>(*o.force_transport));
+  } else {
+    for (transfer::TransportKind k : impl->engine->available_transports()) {
+      req.add_transports(static_cast<v1::TransportKind>(k));
+    }
+  }
+  v1::ConnectResponse resp;
+  grpc::ClientContext ctx;
+  impl->SetDeadline(ctx);
+  if (const grpc::Status s = impl->stub->Connect(&ctx, req, &resp); !s.ok()) {
+    return absl::UnavailableError(StrCat("cannot reach cache server ", o.address, " within ",
+                                         absl::FormatDuration(o.rpc_timeout), ": ",
+                                         s.error_message()));
+  }
+  impl->server_id = resp.server_id();
+  const v1::SegmentDescriptor* dram = nullptr;
+  for (const auto& seg : resp.segments()) {
+    if (seg.name() == "dram") dram = &seg;
+  }
+  if (dram == nullptr) {
+    return absl::FailedPreconditionError(
+        StrCat("cache server ", o.address, " (", resp.server_id(), ") offers no 'dram' segment"));
+  }
+  absl::StatusOr<std::shared_ptr<transfer::Peer>> peer =
+      impl->engine->OpenPeer(PeerSpecOf(StrCat("cache ", resp.server_id()), resp.host_id(), *dram));
+  if (!peer.ok()) {
+    return absl::Status(
+        absl::IsFailedPrecondition(peer.status()) ? peer.status().code()
+                                                  : absl::StatusCode::kUnavailable,
+        StrCat("cache server ", o.address, ": no data path: ", peer.status().message()));
+  }
+  impl->peer = std::move(*peer);
+  impl->transport_label = std::string(transfer::TransportKindName(impl->peer->transport()));
+  spdlog::info("cache client {}: connected to {} ({}) over {}", o.client_id, o.address,
+               impl->server_id, impl->transport_label);
+  return std::unique_ptr<CacheClient>(new CacheClient(std::move(impl)));
+}
+
+FetchResult CacheClient::Fetch(const Namespace& ns, std::span<const BlockKey> keys,
+                               std::span<const uint32_t> tokens, const BlockLayout& layout,
+                               const std::string& request_id) {
+  Impl& im = *impl_;
+  FetchResult out;
+  bool identity = false;
+  // Ends the verified prefix (once: the first failure is the one reported).
+  auto fail = [&](absl::Status status, bool is_identity = false) {
+    if (!out.first_failure.ok()) return;
+    out.first_failure = std::move(status);
+    identity = is_identity;
+  };
+  if (keys.empty()) return out;
+  if (const absl::Status v = ValidateBlockLayout(layout); !v.ok()) {
+    fail(v);
+  } else if (tokens.size() != keys.size() * layout.block_tokens) {
+    fail(absl::InvalidArgumentError(StrCat("fetch of ", keys.size(), " blocks with ", tokens.size(),
+                                           " tokens; want ", keys.size() * layout.block_tokens)));
+  }
+  if (!out.first_failure.ok()) {
+    im.metrics.fetch_failures.Labels({"other"}).Increment();
+    return out;
+  }
+
+  // 1. Lookup: the longest present prefix, under a read lease, promoted to DRAM.
+  const Clock::time_point lookup_start = Clock::now();
+  v1::LookupRequest lreq;
+  lreq.set_client_id(im.options.client_id);
+  lreq.set_namespace_id(std::string(ns.View()));
+  for (const BlockKey& k : keys) lreq.add_keys(KeyBytes(k));
+  lreq.set_lease(true);
+  lreq.set_promote(true);
+  lreq.set_request_id(request_id);
+  v1::LookupResponse lresp;
+  {
+    grpc::ClientContext ctx;
+    im.SetDeadline(ctx);
+    const grpc::Status s = im.stub->Lookup(&ctx, lreq, &lresp);
+    out.lookup_ms = MsSince(lookup_start);
+    if (!s.ok()) {
+      fail(im.RpcError(s, "Lookup"));
+      im.metrics.fetch_failures.Labels({std::string(FailureReason(out.first_failure, false))})
+          .Increment();
+      return out;
+    }
+  }
+  const uint64_t lease_id = lresp.has_lease() ? lresp.lease().lease_id() : 0;
+  out.hit_blocks = std::min<int64_t>({int64_t{lresp.hit_blocks()}, int64_t{lresp.locations_size()},
+                                      static_cast<int64_t>(keys.size())});
+
+  // 2. Which hits can be read remotely: a prefix of them.
+  const uint64_t block_bytes = layout.TotalBytes();
+  size_t readable = 0;
+  for (; readable < static_cast<size_t>(out.hit_blocks); ++readable) {
+    const v1::BlockLocation& loc = lresp.locations(static_cast<int>(readable));
+    if (loc.key() != KeyBytes(keys[readable])) {
+      fail(absl::InternalError(StrCat("Lookup answered location ", readable, " for another key")));
+      break;
+    }
+    if (loc.capability().empty()) {
+      fail(absl::UnavailableError(StrCat("block ", readable, " (", keys[readable].Hex(), ", ",
+                                         v1::Tier_Name(loc.tier()), ") is not remotely readable")));
+      break;
+    }
+    if (loc.length() != block_bytes) {
+      fail(absl::NotFoundError(StrCat("block ", readable, " (", keys[readable].Hex(), ") is ",
+                                      loc.length(), " bytes; the layout makes ", block_bytes)),
+           /*is_identity=*/true);
+      break;
+    }
+  }
+
+  // 3. One batch of reads, each checked in transit against the stored checksum.
+  if (readable > 0) {
+    const Clock::time_point transfer_start = Clock::now();
+    auto buffer = std::make_shared<std::vector<uint8_t>>(readable * block_bytes);
+    std::vector<transfer::TransferOp> reads;
+    reads.reserve(readable);
+    for (size_t i = 0; i < readable; ++i) {
+      const v1::BlockLocation& loc = lresp.locations(static_cast<int>(i));
+      reads.push_back({.op = transfer::OpKind::kRead,
+                       .local = buffer->data() + i * block_bytes,
+                       .segment = loc.segment(),
+                       .offset = loc.offset(),
+                       .length = loc.length(),
+                       .capability = loc.capability(),
+                       .checksum = loc.checksum()});
+    }
+    auto batch =
+        RunBatch(*im.engine, *im.peer, std::move(reads), im.options.transfer_timeout, buffer);
+    out.transfer_ms = MsSince(transfer_start);
+
+    // 4. Verify each block in order; the first bad one ends the prefix.
+    uint64_t bytes_read = 0;
+    for (size_t i = 0; i < readable; ++i) {
+      absl::Status st = batch->status(i);
+      if (absl::IsUnavailable(st) && st.message() == "pending") {
+        st = absl::DeadlineExceededError("read did not complete in time");
+      }
+      if (!st.ok()) {
+        fail(absl::Status(st.code(), StrCat("reading block ", i, " (", keys[i].Hex(), ") from ",
+                                            im.options.address, ": ", st.message())));
+        break;
+      }
+      bytes_read += block_bytes;
+      const std::span<const uint8_t> bytes(buffer->data() + i * block_bytes, block_bytes);
+      absl::StatusOr<BlockView> view = ParseBlock(bytes);
+      if (!view.ok()) {
+        fail(absl::Status(view.status().code(),
+                          StrCat("block ", i, " (", keys[i].Hex(), "): ", view.status().message())),
+             IsBlockIdentityMismatch(view.status()));
+        break;
+      }
+      if (!SameLayout(view->header.layout, layout)) {
+        fail(absl::NotFoundError(
+                 StrCat("block ", i, " (", keys[i].Hex(), ") was stored with another layout")),
+             /*is_identity=*/true);
+        break;
+      }
+      const std::span<const uint32_t> expected =
+          tokens.subspan(i * layout.block_tokens, layout.block_tokens);
+      if (absl::Status v =
+              VerifyBlock(view->header, view->tokens, view->payload, keys[i], expected);
+          !v.ok()) {
+        fail(absl::Status(v.code(), StrCat("block ", i, " (", keys[i].Hex(), "): ", v.message())),
+             IsBlockIdentityMismatch(v));
+        break;
+      }
+      const HitTier tier = FromProtoTier(lresp.locations(static_cast<int>(i)).tier());
+      out.blocks.push_back(
+          {.tier = tier,
+           .payload = std::vector<uint8_t>(view->payload.begin(), view->payload.end())});
+      im.metrics.fetched.Labels({std::string(TierLabel(tier))}).Increment();
+    }
+    im.metrics.bytes.Labels({"read", im.transport_label})
+        .Increment(static_cast<double>(bytes_read));
+  }
+
+  // 5. The read lease ends here, whatever happened (best effort; it expires otherwise).
+  if (lease_id != 0) im.ReleaseLease(lease_id);
+  if (!out.first_failure.ok()) {
+    im.metrics.fetch_failures.Labels({std::string(FailureReason(out.first_failure, identity))})
+        .Increment();
+    spdlog::debug("cache client: fetch {}: {} of {} hit blocks verified: {}", request_id,
+                  out.blocks.size(), out.hit_blocks, ToStd(out.first_failure.message()));
+  }
+  return out;
+}
+
+absl::StatusOr<SaveResult> CacheClient::Save(const Namespace& ns, const std::string& tenant,
+                                             const BlockLayout& layout,
+                                             std::vector<BlockToSave> blocks,
+                                             const std::string& request_id) {
+  Impl& im = *impl_;
+  SaveResult out;
+  if (blocks.empty()) return out;
+  RETURN_IF_ERROR(ValidateBlockLayout(layout));
+
+  // 1. Encode every block; a block whose key does not name its tokens is a caller bug, and
+  //    publishing it would poison the cache for everyone sharing the namespace.
+  const uint64_t block_bytes = layout.TotalBytes();
+  auto encoded = std::make_shared<std::vector<uint8_t>>(blocks.size() * block_bytes);
+  std::vector<uint64_t> checksums(blocks.size());
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const BlockToSave& b = blocks[i];
+    if (i > 0 && b.parent != blocks[i - 1].key) {
+      return absl::InvalidArgumentError(
+          StrCat("save: block ", i, " does not continue the chain of block ", i - 1));
+    }
+    if (b.tokens.size() == layout.block_tokens && ChainBlockKey(ns, b.parent, b.tokens) != b.key) {
+      return absl::InvalidArgumentError(
+          StrCat("save: block ", i, " key ", b.key.Hex(), " does not name its tokens"));
+    }
+    ASSIGN_OR_RETURN_WITH(std::vector<uint8_t> bytes,
+                          EncodeBlock(layout, b.key, b.parent, ns, b.tokens, b.payload),
+                          "save: block ", i);
+    std::memcpy(encoded->data() + i * block_bytes, bytes.data(), block_bytes);
+    checksums[i] = Checksum64(bytes.data(), bytes.size());
+  }
+
+  // 2. Reserve slots for all of them in one call.
+  v1::ReserveRequest rreq;
+  rreq.set_client_id(im.options.client_id);
+  rreq.set_namespace_id(std::string(ns.View()));
+  rreq.set_tenant(tenant);
+  rreq.set_request_id(request_id);
+  v1::KvFormat* format = rreq.mutable_format();
+  format->set_codec(static_cast<v1::Codec>(layout.codec));
+  format->set_block_tokens(layout.block_tokens);
+  format->set_layout_version(kBlockFormatVersion);
+  format->set_num_layers(layout.n_layers);
+  format->set_kv_lora_rank(layout.kv_lora_rank);
+  format->set_rope_dim(layout.rope_dim);
+  for (const BlockToSave& b : blocks) {
+    auto* spec = rreq.add_blocks();
+    spec->set_key(KeyBytes(b.key));
+    if (!IsZero(b.parent)) spec->set_parent_key(KeyBytes(b.parent));
+    spec->set_payload_bytes(block_bytes);
+  }
+  v1::ReserveResponse rresp;
+  {
+    grpc::ClientContext ctx;
+    im.SetDeadline(ctx);
+    if (const grpc::Status s = im.stub->Reserve(&ctx, rreq, &rresp); !s.ok()) {
+      return im.RpcError(s, "Reserve");
+    }
+  }
+  if (rresp.slots_size() != static_cast<int>(blocks.size())) {
+    return absl::InternalError(StrCat("cache server ", im.options.address, ": Reserve answered ",
+                                      rresp.slots_size(), " slots for ", blocks.size(), " blocks"));
+  }
+
+  enum class Outcome { kPending, kStored, kPresent, kFailed };
+  std::vector<Outcome> outcome(blocks.size(), Outcome::kPending);
+  auto failed = [&](size_t i, const absl::Status& st) {
+    outcome[i] = Outcome::kFailed;
+    if (out.first_error.ok()) {
+      out.first_error = absl::Status(
+          st.code(), StrCat("block ", i, " (", blocks[i].key.Hex(), "): ", st.message()));
+    }
+  };
+  std::vector<size_t> to_write;
+  std::vector<transfer::TransferOp> writes;
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const auto& slot = rresp.slots(static_cast<int>(i));
+    const absl::Status st = ItemToStatus(slot.status());
+    if (absl::IsAlreadyExists(st)) {
+      outcome[i] = Outcome::kPresent;
+    } else if (!st.ok()) {
+      failed(i, st);
+    } else {
+      to_write.push_back(i);
+      writes.push_back({.op = transfer::OpKind::kWrite,
+                        .local = encoded->data() + i * block_bytes,
+                        .segment = slot.location().segment(),
+                        .offset = slot.location().offset(),
+                        .length = block_bytes,
+                        .capability = slot.location().capability(),
+                        .checksum = checksums[i]});
+    }
+  }
+
+  // 3. Write the reserved slots in one batch, then commit what arrived.
+  if (!to_write.empty()) {
+    auto batch =
+        RunBatch(*im.engine, *im.peer, std::move(writes), im.options.transfer_timeout, encoded);
+    v1::CommitRequest creq;
+    creq.set_lease_id(rresp.lease().lease_id());
+    std::vector<size_t> committed;
+    for (size_t j = 0; j < to_write.size(); ++j) {
+      absl::Status st = batch->status(j);
+      if (absl::IsUnavailable(st) && st.message() == "pending") {
+        st = absl::DeadlineExceededError("write did not complete in time");
+      }
+      if (!st.ok()) {
+        failed(to_write[j], st);
+        continue;
+      }
+      auto* c = creq.add_blocks();
+      c->set_key(KeyBytes(blocks[to_write[j]].key));
+      c->set_checksum(checksums[to_write[j]]);
+      committed.push_back(to_write[j]);
+    }
+    im.metrics.bytes.Labels({"write", im.transport_label})
+        .Increment(static_cast<double>(committed.size() * block_bytes));
+    // Commit even when nothing arrived: it ends the write lease and frees the slots now.
+    v1::CommitResponse cresp;
+    grpc::ClientContext ctx;
+    im.SetDeadline(ctx);
+    if (const grpc::Status s = im.stub->Commit(&ctx, creq, &cresp); !s.ok()) {
+      return im.RpcError(s, "Commit");
+    }
+    for (size_t j = 0; j < committed.size(); ++j) {
+      const absl::Status st = static_cast<int>(j) < cresp.results_size()
+                                  ? ItemToStatus(cresp.results(static_cast<int>(j)))
+                                  : absl::InternalError("Commit answered no result");
+      if (st.ok()) {
+        outcome[committed[j]] = Outcome::kStored;
+      } else {
+        failed(committed[j], st);
+      }
+    }
+  }
+
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    switch (outcome[i]) {
+      case Outcome::kStored:
+        ++out.stored;
+        out.keys_in_cache.push_back(blocks[i].key);
+        break;
+      case Outcome::kPresent:
+        ++out.present;
+        out.keys_in_cache.push_back(blocks[i].key);
+        break;
+      default:
+        ++out.failed;
+        break;
+    }
+  }
+  if (out.stored > 0) im.metrics.saved.Labels({"stored"}).Increment(out.stored);
+  if (out.present > 0) im.metrics.saved.Labels({"present"}).Increment(out.present);
+  if (out.failed > 0) {
+    im.metrics.saved.Labels({"failed"}).Increment(out.failed);
+    spdlog::debug("cache client: save {}: {} stored, {} present, {} failed: {}", request_id,
+                  out.stored, out.present, out.failed, ToStd(out.first_error.message()));
+  }
+  return out;
+}
+
+void CacheClient::SaveAsync(const Namespace& ns, const std::string& tenant,
+                            const BlockLayout& layout, std::vector<BlockToSave> blocks,
+                            const std::string& request_id,
+                            std::function<void(absl::StatusOr<SaveResult>)> done) {
+  uint64_t bytes = 0;
+  for (const BlockToSave& b : blocks) bytes += b.payload.size() + 4 * b.tokens.size();
+  SaveQueue* queue;
+  {
+    std::lock_guard<std::mutex> lock(impl_->queue_mu);
+    if (!impl_->queue)
+      impl_->queue = std::make_unique<SaveQueue>(impl_->options.max_pending_save_bytes);
+    queue = impl_->queue.get();
+  }
+  // The queue lives until the destructor, which must not run concurrently with SaveAsync.
+  queue->Push(bytes, [this, ns, tenant, layout, blocks = std::move(blocks), request_id,
+                      done = std::move(done)]() mutable {
+    absl::StatusOr<SaveResult> result = Save(ns, tenant, layout, std::move(blocks), request_id);
+    if (done) done(std::move(result));
+  });
+}
+
+void CacheClient::FlushSaves() {
+  SaveQueue* queue;
+  {
+    std::lock_guard<std::mutex> lock(impl_->queue_mu);
+    queue = impl_->queue.get();
+  }
+  if (queue != nullptr) queue->Flush();
+}
+
+}  // namespace strata::cache_client
