@@ -216,7 +216,12 @@ absl::StatusOr<std::unique_ptr<CacheClient>> CacheClient::Connect(CacheClientOpt
                              .wrap_transport = o.wrap_transport};
   ASSIGN_OR_RETURN(impl->engine, transfer::TransferEngine::Create(std::move(eo)));
 
-  impl->channel = grpc::CreateChannel(o.address, grpc::InsecureChannelCredentials());
+  // A restarted server is found again within a few seconds (gRPC's default backoff grows to
+  // two minutes, during which every call would fail fast).
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+  impl->channel = grpc::CreateCustomChannel(o.address, grpc::InsecureChannelCredentials(), args);
   impl->stub = v1::CacheControl::NewStub(impl->channel);
   v1::ConnectRequest req;
   req.set_client_id(o.client_id);
@@ -312,22 +317,32 @@ FetchResult CacheClient::Fetch(const Namespace& ns, std::span<const BlockKey> ke
 
   // 2. Which hits can be read remotely: a prefix of them.
   const uint64_t block_bytes = layout.TotalBytes();
+  // A block that cannot be read ends the prefix, but reads before it may fail first: the
+  // reason is kept aside until they are verified.
+  absl::Status unreadable;
+  bool unreadable_identity = false;
+  auto stop_at = [&](absl::Status status, bool is_identity = false) {
+    unreadable = std::move(status);
+    unreadable_identity = is_identity;
+  };
   size_t readable = 0;
   for (; readable < static_cast<size_t>(out.hit_blocks); ++readable) {
     const v1::BlockLocation& loc = lresp.locations(static_cast<int>(readable));
     if (loc.key() != KeyBytes(keys[readable])) {
-      fail(absl::InternalError(StrCat("Lookup answered location ", readable, " for another key")));
+      stop_at(
+          absl::InternalError(StrCat("Lookup answered location ", readable, " for another key")));
       break;
     }
     if (loc.capability().empty()) {
-      fail(absl::UnavailableError(StrCat("block ", readable, " (", keys[readable].Hex(), ", ",
-                                         v1::Tier_Name(loc.tier()), ") is not remotely readable")));
+      stop_at(
+          absl::UnavailableError(StrCat("block ", readable, " (", keys[readable].Hex(), ", ",
+                                        v1::Tier_Name(loc.tier()), ") is not remotely readable")));
       break;
     }
     if (loc.length() != block_bytes) {
-      fail(absl::NotFoundError(StrCat("block ", readable, " (", keys[readable].Hex(), ") is ",
-                                      loc.length(), " bytes; the layout makes ", block_bytes)),
-           /*is_identity=*/true);
+      stop_at(absl::NotFoundError(StrCat("block ", readable, " (", keys[readable].Hex(), ") is ",
+                                         loc.length(), " bytes; the layout makes ", block_bytes)),
+              /*is_identity=*/true);
       break;
     }
   }
@@ -397,6 +412,8 @@ FetchResult CacheClient::Fetch(const Namespace& ns, std::span<const BlockKey> ke
     im.metrics.bytes.Labels({"read", im.transport_label})
         .Increment(static_cast<double>(bytes_read));
   }
+
+  if (out.blocks.size() == readable && !unreadable.ok()) fail(unreadable, unreadable_identity);
 
   // 5. The read lease ends here, whatever happened (best effort; it expires otherwise).
   if (lease_id != 0) im.ReleaseLease(lease_id);

@@ -14,6 +14,7 @@
 
 #include "cache_service/cache_server.h"
 #include "common/checksum.h"
+#include "common/strings.h"
 #include "transfer/fault/fault_transport.h"
 
 namespace strata::cache_client {
@@ -108,9 +109,11 @@ class CacheClientTest : public ::testing::Test {
     if (server_) server_->Shutdown();
   }
 
-  void StartServer(uint32_t dram_slots) {
+  void StartServer(uint32_t dram_slots) { StartServer(ServerOptions("s", dram_slots)); }
+  void StartServer(const cache::CacheServerOptions& options) {
     if (server_) server_->Shutdown();
-    server_ = std::make_unique<cache::CacheServer>(ServerOptions("s", dram_slots));
+    server_.reset();  // a restart on the same data_dir needs the index closed first
+    server_ = std::make_unique<cache::CacheServer>(options);
     ASSERT_TRUE(server_->Start().ok());
   }
 
@@ -333,6 +336,52 @@ TEST_F(CacheClientTest, CorruptReadsAreCaughtAndTheServerStillServesOthers) {
   ExpectPayloads(FetchChain(*clean, ns, c), c, 3);
 }
 
+TEST_F(CacheClientTest, ReadsThatNeverCompleteEndAtTheTransferTimeout) {
+  auto clean = Connect(Options());
+  ASSERT_NE(clean, nullptr);
+  const Namespace ns = Ns("drop");
+  const Chain c = MakeChain(ns, 2, 14);
+  ASSERT_TRUE(clean->Save(ns, "t", Layout(), c.blocks, "req").ok());
+  CacheClientOptions o = Options();
+  o.transfer_timeout = absl::Milliseconds(500);
+  o.wrap_transport = [](std::unique_ptr<transfer::Transport> t) {
+    return std::make_unique<transfer::FaultInjectingTransport>(std::move(t),
+                                                               transfer::FaultPolicy{.drop = 1.0});
+  };
+  auto dropping = Connect(std::move(o));
+  ASSERT_NE(dropping, nullptr);
+  const FetchResult r = FetchChain(*dropping, ns, c);
+  EXPECT_EQ(r.hit_blocks, 2);
+  EXPECT_TRUE(r.blocks.empty());
+  EXPECT_TRUE(absl::IsDeadlineExceeded(r.first_failure)) << r.first_failure;
+  EXPECT_EQ(ActiveLeases(), 0u);
+}
+
+TEST_F(CacheClientTest, BlocksOnSsdAfterARestartArePromotedAndReadBack) {
+  cache::CacheServerOptions o = ServerOptions("ssd", 64);
+  o.store.ssd_capacity_bytes = 64 * 4096;
+  StartServer(o);
+  const Namespace ns = Ns("ssd");
+  const Chain c = MakeChain(ns, 3, 15);
+  {
+    auto client = Connect(Options());
+    ASSERT_NE(client, nullptr);
+    absl::StatusOr<SaveResult> saved = client->Save(ns, "t", Layout(), c.blocks, "req");
+    ASSERT_TRUE(saved.ok()) << saved.status();
+    ASSERT_EQ(saved->stored, 3);
+  }
+  // DRAM residency does not survive a restart; the SSD copies do.
+  StartServer(o);
+  auto client = Connect(Options(TransportKind::kShm));
+  ASSERT_NE(client, nullptr);
+  const FetchResult r = FetchChain(*client, ns, c);
+  EXPECT_EQ(r.hit_blocks, 3);
+  EXPECT_TRUE(r.first_failure.ok()) << r.first_failure;
+  // Lookup(promote) copies SSD hits to DRAM and reports the DRAM location it serves.
+  ExpectPayloads(r, c, 3);
+  EXPECT_EQ(ActiveLeases(), 0u);
+}
+
 TEST_F(CacheClientTest, ADeadServerEndsFetchesAndFailsSaves) {
   CacheClientOptions o = Options();
   o.rpc_timeout = absl::Seconds(2);
@@ -379,60 +428,67 @@ TEST(CacheClientConnectTest, UnreachableServerIsUnavailableAndNamesTheAddress) {
   EXPECT_NE(client.status().message().find("127.0.0.1:1"), absl::string_view::npos);
 }
 
-TEST_F(CacheClientTest, SaveAsyncUnderATinyBoundCompletesEveryBatch) {
-  CacheClientOptions o = Options(TransportKind::kShm);
-  // Smaller than one batch: batches go one at a time, none deadlocks.
-  o.max_pending_save_bytes = 1000;
-  auto client = Connect(o);
-  ASSERT_NE(client, nullptr);
-  const Namespace ns = Ns("async");
+TEST_F(CacheClientTest, SaveAsyncCompletesEveryBatchWithinTheByteBound) {
   constexpr int kThreads = 2;
   constexpr int kBatchesPerThread = 12;
   constexpr int kBlocks = 2;
   const uint64_t batch_bytes = kBlocks * (Layout().PayloadBytes() + 4ull * Layout().block_tokens);
-  std::vector<Chain> chains;
-  for (int i = 0; i < kThreads * kBatchesPerThread; ++i) {
-    chains.push_back(MakeChain(ns, kBlocks, 100 + i));
-  }
-  std::vector<std::atomic<int>> calls(chains.size());
-  std::vector<std::atomic<int64_t>> stored(chains.size());
-  std::atomic<uint64_t> max_pending{0};
-  std::vector<std::thread> threads;
-  for (int t = 0; t < kThreads; ++t) {
-    threads.emplace_back([&, t] {
-      for (int b = 0; b < kBatchesPerThread; ++b) {
-        const size_t i = t * kBatchesPerThread + b;
-        client->SaveAsync(ns, "t", Layout(), chains[i].blocks, "req",
-                          [&, i](absl::StatusOr<SaveResult> r) {
-                            calls[i].fetch_add(1);
-                            stored[i].store(r.ok() ? r->stored : -1);
-                            uint64_t p = client->pending_save_bytes();
-                            uint64_t seen = max_pending.load();
-                            while (p > seen && !max_pending.compare_exchange_weak(seen, p)) {
-                            }
-                          });
+  // Smaller than one batch (batches go one at a time, none deadlocks), then room for two and a
+  // half (callers and the save thread overlap).
+  for (const uint64_t bound : {uint64_t{1000}, batch_bytes * 5 / 2}) {
+    SCOPED_TRACE(bound);
+    CacheClientOptions o = Options(TransportKind::kShm);
+    o.max_pending_save_bytes = bound;
+    auto client = Connect(o);
+    ASSERT_NE(client, nullptr);
+    const Namespace ns = Ns(StrCat("async-", bound));
+    std::vector<Chain> chains;
+    for (int i = 0; i < kThreads * kBatchesPerThread; ++i) {
+      chains.push_back(MakeChain(ns, kBlocks, 100 + i));
+    }
+    std::vector<std::atomic<int>> calls(chains.size());
+    std::vector<std::atomic<int64_t>> stored(chains.size());
+    std::atomic<uint64_t> max_pending{0};
+    auto observe_pending = [&] {
+      const uint64_t p = client->pending_save_bytes();
+      uint64_t seen = max_pending.load();
+      while (p > seen && !max_pending.compare_exchange_weak(seen, p)) {
       }
-    });
-  }
-  for (auto& th : threads) th.join();
-  client->FlushSaves();
-  EXPECT_EQ(client->pending_save_bytes(), 0u);
-  for (size_t i = 0; i < chains.size(); ++i) {
-    EXPECT_EQ(calls[i].load(), 1) << "batch " << i;
-    EXPECT_EQ(stored[i].load(), kBlocks) << "batch " << i;
-  }
-  // One batch at a time: the bound is smaller than a batch.
-  EXPECT_LE(max_pending.load(), batch_bytes);
-  ExpectPayloads(FetchChain(*client, ns, chains.back()), chains.back(), kBlocks);
+    };
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&, t] {
+        for (int b = 0; b < kBatchesPerThread; ++b) {
+          const size_t i = t * kBatchesPerThread + b;
+          client->SaveAsync(ns, "t", Layout(), chains[i].blocks, "req",
+                            [&, i](absl::StatusOr<SaveResult> r) {
+                              calls[i].fetch_add(1);
+                              stored[i].store(r.ok() ? r->stored : -1);
+                              observe_pending();
+                            });
+          observe_pending();
+        }
+      });
+    }
+    for (auto& th : threads) th.join();
+    client->FlushSaves();
+    EXPECT_EQ(client->pending_save_bytes(), 0u);
+    for (size_t i = 0; i < chains.size(); ++i) {
+      EXPECT_EQ(calls[i].load(), 1) << "batch " << i;
+      EXPECT_EQ(stored[i].load(), kBlocks) << "batch " << i;
+    }
+    EXPECT_LE(max_pending.load(), std::max(bound, batch_bytes));
+    for (const Chain& c : chains) ExpectPayloads(FetchChain(*client, ns, c), c, kBlocks);
 
-  // The destructor drains what is still queued.
-  std::atomic<int> late{0};
-  for (int i = 0; i < 4; ++i) {
-    client->SaveAsync(ns, "t", Layout(), MakeChain(ns, 1, 500 + i).blocks, "req",
-                      [&](absl::StatusOr<SaveResult> r) { late.fetch_add(r.ok() ? 1 : 100); });
+    // The destructor drains what is still queued.
+    std::atomic<int> late{0};
+    for (int i = 0; i < 4; ++i) {
+      client->SaveAsync(ns, "t", Layout(), MakeChain(ns, 1, 500 + i).blocks, "req",
+                        [&](absl::StatusOr<SaveResult> r) { late.fetch_add(r.ok() ? 1 : 100); });
+    }
+    client.reset();
+    EXPECT_EQ(late.load(), 4);
   }
-  client.reset();
-  EXPECT_EQ(late.load(), 4);
 }
 
 TEST_F(CacheClientTest, AFullCacheRefusesSomeBlocksAndStoresTheRest) {
