@@ -109,7 +109,9 @@ std::string HostName() {
 // The peer's transfer endpoints as the engine wants them.
 transfer::PeerSpec PeerSpecOf(const std::string& name, const std::string& host_id,
                               const v1::SegmentDescriptor& segment) {
-  transfer::PeerSpec spec{.name = name, .host_id = host_id};
+  transfer::PeerSpec spec;
+  spec.name = name;
+  spec.host_id = host_id;
   for (const auto& ep : segment.endpoints()) {
     spec.endpoints.push_back({.kind = static_cast<transfer::TransportKind>(ep.kind()),
                               .address = ep.address(),
@@ -118,6 +120,20 @@ transfer::PeerSpec PeerSpecOf(const std::string& name, const std::string& host_i
                               .rdma_qp_count = ep.rdma_qp_count()});
   }
   return spec;
+}
+
+// One transfer of a whole block between `local` and the slot `loc` names.
+transfer::TransferOp BlockOp(transfer::OpKind kind, uint8_t* local, const v1::BlockLocation& loc,
+                             uint64_t length, uint64_t checksum) {
+  transfer::TransferOp op;
+  op.op = kind;
+  op.local = local;
+  op.segment = loc.segment();
+  op.offset = loc.offset();
+  op.length = length;
+  op.capability = loc.capability();
+  op.checksum = checksum;
+  return op;
 }
 
 bool SameLayout(const BlockLayout& a, const BlockLayout& b) {
@@ -355,13 +371,8 @@ FetchResult CacheClient::Fetch(const Namespace& ns, std::span<const BlockKey> ke
     reads.reserve(readable);
     for (size_t i = 0; i < readable; ++i) {
       const v1::BlockLocation& loc = lresp.locations(static_cast<int>(i));
-      reads.push_back({.op = transfer::OpKind::kRead,
-                       .local = buffer->data() + i * block_bytes,
-                       .segment = loc.segment(),
-                       .offset = loc.offset(),
-                       .length = loc.length(),
-                       .capability = loc.capability(),
-                       .checksum = loc.checksum()});
+      reads.push_back(BlockOp(transfer::OpKind::kRead, buffer->data() + i * block_bytes, loc,
+                              block_bytes, loc.checksum()));
     }
     auto batch =
         RunBatch(*im.engine, *im.peer, std::move(reads), im.options.transfer_timeout, buffer);
@@ -509,13 +520,8 @@ absl::StatusOr<SaveResult> CacheClient::Save(const Namespace& ns, const std::str
       failed(i, st);
     } else {
       to_write.push_back(i);
-      writes.push_back({.op = transfer::OpKind::kWrite,
-                        .local = encoded->data() + i * block_bytes,
-                        .segment = slot.location().segment(),
-                        .offset = slot.location().offset(),
-                        .length = block_bytes,
-                        .capability = slot.location().capability(),
-                        .checksum = checksums[i]});
+      writes.push_back(BlockOp(transfer::OpKind::kWrite, encoded->data() + i * block_bytes,
+                               slot.location(), block_bytes, checksums[i]));
     }
   }
 

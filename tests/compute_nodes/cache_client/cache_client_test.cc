@@ -14,6 +14,7 @@
 
 #include "cache_service/cache_server.h"
 #include "common/checksum.h"
+#include "common/metrics.h"
 #include "common/strings.h"
 #include "transfer/fault/fault_transport.h"
 
@@ -123,6 +124,7 @@ class CacheClientTest : public ::testing::Test {
             .host_id = kHost,
             .cluster_secret = kSecret,
             .force_transport = kind,
+            .wrap_transport = nullptr,
             .rpc_timeout = absl::Seconds(3),
             .transfer_timeout = absl::Seconds(10)};
   }
@@ -336,6 +338,60 @@ TEST_F(CacheClientTest, CorruptReadsAreCaughtAndTheServerStillServesOthers) {
   ExpectPayloads(FetchChain(*clean, ns, c), c, 3);
 }
 
+double CounterValue(const std::string& name, const std::vector<std::string>& label_names,
+                    const std::vector<std::string>& values) {
+  // Registering an existing family again returns it.
+  return MetricsRegistry::Default().AddCounter(name, "", label_names).Labels(values).Value();
+}
+
+TEST_F(CacheClientTest, MetricsCountBlocksBytesAndFailures) {
+  auto client = Connect(Options());
+  ASSERT_NE(client, nullptr);
+  const Namespace ns = Ns("metrics");
+  const Chain c = MakeChain(ns, 3, 16);
+  const double block = static_cast<double>(Layout().TotalBytes());
+  auto stored = [] {
+    return CounterValue("strata_cache_client_saved_blocks_total", {"outcome"}, {"stored"});
+  };
+  auto present = [] {
+    return CounterValue("strata_cache_client_saved_blocks_total", {"outcome"}, {"present"});
+  };
+  auto fetched = [] {
+    return CounterValue("strata_cache_client_fetched_blocks_total", {"tier"}, {"dram"});
+  };
+  auto bytes = [](const std::string& direction) {
+    return CounterValue("strata_cache_client_bytes_total", {"direction", "transport"},
+                        {direction, "tcp"});
+  };
+  auto data_loss = [] {
+    return CounterValue("strata_cache_client_fetch_failures_total", {"reason"}, {"data_loss"});
+  };
+  const double stored0 = stored(), present0 = present(), fetched0 = fetched();
+  const double written0 = bytes("write"), read0 = bytes("read"), loss0 = data_loss();
+
+  ASSERT_TRUE(client->Save(ns, "t", Layout(), c.blocks, "req").ok());
+  ASSERT_TRUE(client->Save(ns, "t", Layout(), c.blocks, "req").ok());
+  ASSERT_EQ(FetchChain(*client, ns, c).blocks.size(), 3u);
+  EXPECT_EQ(stored() - stored0, 3);
+  EXPECT_EQ(present() - present0, 3);
+  EXPECT_EQ(fetched() - fetched0, 3);
+  EXPECT_EQ(bytes("write") - written0, 3 * block);
+  EXPECT_EQ(bytes("read") - read0, 3 * block);
+
+  CacheClientOptions o = Options();
+  o.wrap_transport = [](std::unique_ptr<transfer::Transport> t) {
+    return std::make_unique<transfer::FaultInjectingTransport>(
+        std::move(t), transfer::FaultPolicy{.corrupt = 1.0});
+  };
+  auto faulty = Connect(std::move(o));
+  ASSERT_NE(faulty, nullptr);
+  EXPECT_TRUE(absl::IsDataLoss(FetchChain(*faulty, ns, c).first_failure));
+  EXPECT_EQ(data_loss() - loss0, 1);
+  const std::string text = MetricsRegistry::Default().RenderPrometheus();
+  EXPECT_NE(text.find("strata_cache_client_fetched_blocks_total{tier=\"dram\"}"),
+            std::string::npos);
+}
+
 TEST_F(CacheClientTest, ReadsThatNeverCompleteEndAtTheTransferTimeout) {
   auto clean = Connect(Options());
   ASSERT_NE(clean, nullptr);
@@ -419,10 +475,12 @@ TEST_F(CacheClientTest, ADeadServerEndsFetchesAndFailsSaves) {
 }
 
 TEST(CacheClientConnectTest, UnreachableServerIsUnavailableAndNamesTheAddress) {
-  auto client = CacheClient::Connect({.address = "127.0.0.1:1",
-                                      .client_id = "w",
-                                      .host_id = kHost,
-                                      .rpc_timeout = absl::Seconds(2)});
+  CacheClientOptions o;
+  o.address = "127.0.0.1:1";
+  o.client_id = "w";
+  o.host_id = kHost;
+  o.rpc_timeout = absl::Seconds(2);
+  auto client = CacheClient::Connect(o);
   ASSERT_FALSE(client.ok());
   EXPECT_TRUE(absl::IsUnavailable(client.status())) << client.status();
   EXPECT_NE(client.status().message().find("127.0.0.1:1"), absl::string_view::npos);
