@@ -155,17 +155,30 @@ std::shared_ptr<transfer::Batch> RunBatch(transfer::TransferEngine& engine, tran
   return batch;
 }
 
+struct DataPath {
+  std::shared_ptr<transfer::Peer> peer;
+  std::string label;  // the transport: "shm" | "tcp" | "rdma"
+};
+
 }  // namespace
 
 struct CacheClient::Impl {
   CacheClientOptions options;
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<v1::CacheControl::Stub> stub;
-  std::string server_id;
-  std::unique_ptr<transfer::TransferEngine> engine;  // outlives `peer` (declared before it)
-  std::shared_ptr<transfer::Peer> peer;
-  std::string transport_label;  // "shm" | "tcp" | "rdma"
+  std::string server_id;                             // as of Connect
+  std::unique_ptr<transfer::TransferEngine> engine;  // outlives every DataPath
   ClientMetrics& metrics = ClientMetrics::Get();
+
+  // The data path, replaced when it goes stale: a restarted server listens for transfers on new
+  // ports (and a new shm arena), so a failed transfer or an unreachable server marks the path
+  // stale and the next Fetch or Save re-runs CacheControl.Connect and opens a new peer. Each
+  // call keeps its own reference to the path it started with.
+  mutable std::mutex path_mu;
+  std::shared_ptr<const DataPath> path ABSL_GUARDED_BY(path_mu);
+  bool path_stale ABSL_GUARDED_BY(path_mu) = false;
+  absl::Time path_opened ABSL_GUARDED_BY(path_mu);
+  std::mutex reopen_mu;  // one re-open at a time
 
   std::mutex queue_mu;
   std::unique_ptr<SaveQueue> queue;  // created by the first SaveAsync; drained before the rest
@@ -175,10 +188,88 @@ struct CacheClient::Impl {
   }
 
   // `context` names the call in the message: "cache server 127.0.0.1:7400: Lookup: ...".
-  absl::Status RpcError(const grpc::Status& status, std::string_view call) const {
+  absl::Status RpcError(const grpc::Status& status, std::string_view call) {
     const absl::Status s = FromGrpcStatus(status);
+    if (absl::IsUnavailable(s)) MaybeStale(s);  // the server may come back elsewhere
     return absl::Status(s.code(),
                         StrCat("cache server ", options.address, ": ", call, ": ", s.message()));
+  }
+
+  // CacheControl.Connect, then a transfer peer to the server's "dram" segment.
+  absl::StatusOr<std::shared_ptr<const DataPath>> OpenDataPath(std::string* server_id_out) {
+    v1::ConnectRequest req;
+    req.set_client_id(options.client_id);
+    req.set_host_id(options.host_id);
+    if (options.force_transport) {
+      req.add_transports(static_cast<v1::TransportKind>(*options.force_transport));
+    } else {
+      for (transfer::TransportKind k : engine->available_transports()) {
+        req.add_transports(static_cast<v1::TransportKind>(k));
+      }
+    }
+    v1::ConnectResponse resp;
+    grpc::ClientContext ctx;
+    SetDeadline(ctx);
+    if (const grpc::Status s = stub->Connect(&ctx, req, &resp); !s.ok()) {
+      return absl::UnavailableError(StrCat("cannot reach cache server ", options.address,
+                                           " within ", absl::FormatDuration(options.rpc_timeout),
+                                           ": ", s.error_message()));
+    }
+    const v1::SegmentDescriptor* dram = nullptr;
+    for (const auto& seg : resp.segments()) {
+      if (seg.name() == "dram") dram = &seg;
+    }
+    if (dram == nullptr) {
+      return absl::FailedPreconditionError(StrCat("cache server ", options.address, " (",
+                                                  resp.server_id(), ") offers no 'dram' segment"));
+    }
+    absl::StatusOr<std::shared_ptr<transfer::Peer>> peer =
+        engine->OpenPeer(PeerSpecOf(StrCat("cache ", resp.server_id()), resp.host_id(), *dram));
+    if (!peer.ok()) {
+      return absl::Status(
+          absl::IsFailedPrecondition(peer.status()) ? peer.status().code()
+                                                    : absl::StatusCode::kUnavailable,
+          StrCat("cache server ", options.address, ": no data path: ", peer.status().message()));
+    }
+    if (server_id_out != nullptr) *server_id_out = resp.server_id();
+    auto path = std::make_shared<DataPath>();
+    path->label = std::string(transfer::TransportKindName((*peer)->transport()));
+    path->peer = std::move(*peer);
+    return std::shared_ptr<const DataPath>(std::move(path));
+  }
+
+  // The current data path; re-opened first when it is stale (at most once a second).
+  std::shared_ptr<const DataPath> Path() {
+    {
+      std::lock_guard<std::mutex> lock(path_mu);
+      if (!path_stale || absl::Now() - path_opened < absl::Seconds(1)) return path;
+    }
+    std::unique_lock<std::mutex> reopen(reopen_mu, std::try_to_lock);
+    std::unique_lock<std::mutex> lock(path_mu);
+    if (!reopen.owns_lock() || !path_stale) return path;  // another call is re-opening it
+    path_opened = absl::Now();
+    lock.unlock();
+    absl::StatusOr<std::shared_ptr<const DataPath>> fresh = OpenDataPath(nullptr);
+    lock.lock();
+    if (fresh.ok()) {
+      spdlog::info("cache client {}: data path to {} re-opened over {}", options.client_id,
+                   options.address, (*fresh)->label);
+      path = std::move(*fresh);
+      path_stale = false;
+    } else {
+      spdlog::debug("cache client {}: re-opening the data path: {}", options.client_id,
+                    ToStd(fresh.status().message()));
+    }
+    return path;
+  }
+
+  // After a failure that a restarted or unreachable server would cause.
+  void MaybeStale(const absl::Status& status) {
+    if (absl::IsUnavailable(status) || absl::IsCancelled(status) || absl::IsDataLoss(status) ||
+        absl::IsNotFound(status) || absl::IsPermissionDenied(status)) {
+      std::lock_guard<std::mutex> lock(path_mu);
+      path_stale = true;
+    }
   }
 
   void ReleaseLease(uint64_t lease_id) {
@@ -210,7 +301,10 @@ CacheClient::~CacheClient() {
 
 const std::string& CacheClient::address() const { return impl_->options.address; }
 const std::string& CacheClient::server_id() const { return impl_->server_id; }
-transfer::TransportKind CacheClient::transport() const { return impl_->peer->transport(); }
+transfer::TransportKind CacheClient::transport() const {
+  std::lock_guard<std::mutex> lock(impl_->path_mu);
+  return impl_->path->peer->transport();
+}
 
 uint64_t CacheClient::pending_save_bytes() const {
   std::lock_guard<std::mutex> lock(impl_->queue_mu);
@@ -239,45 +333,14 @@ absl::StatusOr<std::unique_ptr<CacheClient>> CacheClient::Connect(CacheClientOpt
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
   impl->channel = grpc::CreateCustomChannel(o.address, grpc::InsecureChannelCredentials(), args);
   impl->stub = v1::CacheControl::NewStub(impl->channel);
-  v1::ConnectRequest req;
-  req.set_client_id(o.client_id);
-  req.set_host_id(o.host_id);
-  if (o.force_transport) {
-    req.add_transports(static_cast<v1::TransportKind>(*o.force_transport));
-  } else {
-    for (transfer::TransportKind k : impl->engine->available_transports()) {
-      req.add_transports(static_cast<v1::TransportKind>(k));
-    }
-  }
-  v1::ConnectResponse resp;
-  grpc::ClientContext ctx;
-  impl->SetDeadline(ctx);
-  if (const grpc::Status s = impl->stub->Connect(&ctx, req, &resp); !s.ok()) {
-    return absl::UnavailableError(StrCat("cannot reach cache server ", o.address, " within ",
-                                         absl::FormatDuration(o.rpc_timeout), ": ",
-                                         s.error_message()));
-  }
-  impl->server_id = resp.server_id();
-  const v1::SegmentDescriptor* dram = nullptr;
-  for (const auto& seg : resp.segments()) {
-    if (seg.name() == "dram") dram = &seg;
-  }
-  if (dram == nullptr) {
-    return absl::FailedPreconditionError(
-        StrCat("cache server ", o.address, " (", resp.server_id(), ") offers no 'dram' segment"));
-  }
-  absl::StatusOr<std::shared_ptr<transfer::Peer>> peer =
-      impl->engine->OpenPeer(PeerSpecOf(StrCat("cache ", resp.server_id()), resp.host_id(), *dram));
-  if (!peer.ok()) {
-    return absl::Status(
-        absl::IsFailedPrecondition(peer.status()) ? peer.status().code()
-                                                  : absl::StatusCode::kUnavailable,
-        StrCat("cache server ", o.address, ": no data path: ", peer.status().message()));
-  }
-  impl->peer = std::move(*peer);
-  impl->transport_label = std::string(transfer::TransportKindName(impl->peer->transport()));
+  ASSIGN_OR_RETURN(std::shared_ptr<const DataPath> path, impl->OpenDataPath(&impl->server_id));
   spdlog::info("cache client {}: connected to {} ({}) over {}", o.client_id, o.address,
-               impl->server_id, impl->transport_label);
+               impl->server_id, path->label);
+  {
+    std::lock_guard<std::mutex> lock(impl->path_mu);
+    impl->path = std::move(path);
+    impl->path_opened = absl::Now();
+  }
   return std::unique_ptr<CacheClient>(new CacheClient(std::move(impl)));
 }
 
@@ -365,6 +428,7 @@ FetchResult CacheClient::Fetch(const Namespace& ns, std::span<const BlockKey> ke
 
   // 3. One batch of reads, each checked in transit against the stored checksum.
   if (readable > 0) {
+    const std::shared_ptr<const DataPath> path = im.Path();
     const Clock::time_point transfer_start = Clock::now();
     auto buffer = std::make_shared<std::vector<uint8_t>>(readable * block_bytes);
     std::vector<transfer::TransferOp> reads;
@@ -375,7 +439,7 @@ FetchResult CacheClient::Fetch(const Namespace& ns, std::span<const BlockKey> ke
                               block_bytes, loc.checksum()));
     }
     auto batch =
-        RunBatch(*im.engine, *im.peer, std::move(reads), im.options.transfer_timeout, buffer);
+        RunBatch(*im.engine, *path->peer, std::move(reads), im.options.transfer_timeout, buffer);
     out.transfer_ms = MsSince(transfer_start);
 
     // 4. Verify each block in order; the first bad one ends the prefix.
@@ -386,6 +450,7 @@ FetchResult CacheClient::Fetch(const Namespace& ns, std::span<const BlockKey> ke
         st = absl::DeadlineExceededError("read did not complete in time");
       }
       if (!st.ok()) {
+        im.MaybeStale(st);
         fail(absl::Status(st.code(), StrCat("reading block ", i, " (", keys[i].Hex(), ") from ",
                                             im.options.address, ": ", st.message())));
         break;
@@ -420,8 +485,7 @@ FetchResult CacheClient::Fetch(const Namespace& ns, std::span<const BlockKey> ke
            .payload = std::vector<uint8_t>(view->payload.begin(), view->payload.end())});
       im.metrics.fetched.Labels({std::string(TierLabel(tier))}).Increment();
     }
-    im.metrics.bytes.Labels({"read", im.transport_label})
-        .Increment(static_cast<double>(bytes_read));
+    im.metrics.bytes.Labels({"read", path->label}).Increment(static_cast<double>(bytes_read));
   }
 
   if (out.blocks.size() == readable && !unreadable.ok()) fail(unreadable, unreadable_identity);
@@ -527,8 +591,9 @@ absl::StatusOr<SaveResult> CacheClient::Save(const Namespace& ns, const std::str
 
   // 3. Write the reserved slots in one batch, then commit what arrived.
   if (!to_write.empty()) {
+    const std::shared_ptr<const DataPath> path = im.Path();
     auto batch =
-        RunBatch(*im.engine, *im.peer, std::move(writes), im.options.transfer_timeout, encoded);
+        RunBatch(*im.engine, *path->peer, std::move(writes), im.options.transfer_timeout, encoded);
     v1::CommitRequest creq;
     creq.set_lease_id(rresp.lease().lease_id());
     std::vector<size_t> committed;
@@ -538,6 +603,7 @@ absl::StatusOr<SaveResult> CacheClient::Save(const Namespace& ns, const std::str
         st = absl::DeadlineExceededError("write did not complete in time");
       }
       if (!st.ok()) {
+        im.MaybeStale(st);
         failed(to_write[j], st);
         continue;
       }
@@ -546,7 +612,7 @@ absl::StatusOr<SaveResult> CacheClient::Save(const Namespace& ns, const std::str
       c->set_checksum(checksums[to_write[j]]);
       committed.push_back(to_write[j]);
     }
-    im.metrics.bytes.Labels({"write", im.transport_label})
+    im.metrics.bytes.Labels({"write", path->label})
         .Increment(static_cast<double>(committed.size() * block_bytes));
     // Commit even when nothing arrived: it ends the write lease and frees the slots now.
     v1::CommitResponse cresp;
@@ -562,6 +628,7 @@ absl::StatusOr<SaveResult> CacheClient::Save(const Namespace& ns, const std::str
       if (st.ok()) {
         outcome[committed[j]] = Outcome::kStored;
       } else {
+        im.MaybeStale(st);  // DataLoss: the bytes went to an arena the server no longer uses?
         failed(committed[j], st);
       }
     }
