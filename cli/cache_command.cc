@@ -11,6 +11,7 @@
 
 #include "cache_service/cache_server.h"
 #include "cli/commands.h"
+#include "cli/daemon.h"
 #include "cli/strata_config.h"
 #include "common/file_util.h"
 #include "common/strings.h"
@@ -94,31 +95,14 @@ void RegisterCacheCommand(CLI::App& app) {
     }
     auto options = ToServerOptions(config);
     if (!options.ok()) Fail(2, StrCat("config: ", options.status().message()));
-    // Signals are taken by one thread with sigwait, so the server shuts down cleanly.
-    sigset_t signals;
-    sigemptyset(&signals);
-    sigaddset(&signals, SIGINT);
-    sigaddset(&signals, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+    const sigset_t signals = BlockTerminationSignals();
     cache::CacheServer server(*std::move(options));
     if (absl::Status st = server.Start(); !st.ok()) {
       Fail(1, StrCat("cache server: ", st.message()));
     }
-    if (!ready_file->empty()) {
-      const std::string tmp = *ready_file + ".tmp";
-      std::ofstream(tmp) << "grpc=" << server.grpc_port() << " http=" << server.http_port() << "\n";
-      std::rename(tmp.c_str(), ready_file->c_str());
-    }
-    std::thread waiter([&] {
-      int sig = 0;
-      sigwait(&signals, &sig);
-      spdlog::info("cache server: signal {}, shutting down", sig);
-      server.Shutdown();
-    });
-    server.Wait();
-    // Wake the waiter if the server stopped on its own.
-    pthread_kill(waiter.native_handle(), SIGTERM);
-    waiter.join();
+    ServeUntilSignal(server, signals, *ready_file,
+                     StrCat("grpc=", server.grpc_port(), " http=", server.http_port()),
+                     "cache server");
   });
 }
 

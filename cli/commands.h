@@ -27,6 +27,7 @@ std::vector<int32_t> ParseTokenIdsOrFail(std::string_view text, std::string_view
 void RegisterConfigCommand(CLI::App& app);         // strata config print
 void RegisterInfoCommand(CLI::App& app);           // strata info
 void RegisterCacheCommand(CLI::App& app);          // strata cache (the cache server daemon)
+void RegisterWorkerCommand(CLI::App& app);         // strata worker (a compute node daemon)
 void RegisterAdminCacheCommand(CLI::App& app);     // strata admin cache ...
 void RegisterSchedulerCommands(CLI::App& app);     // strata bench replay (scheduler/)
 void RegisterBenchTransferCommand(CLI::App& app);  // strata bench transfer

@@ -70,10 +70,44 @@ void CacheSection::Register(ConfigSchema& schema) {
                        "Per-tenant byte quotas, tenant=size (e.g. acme=100GiB)");
 }
 
+void WorkerSection::Register(ConfigSchema& schema) {
+  schema.AddEnum("worker.role", &role, {"prefill", "decode", "both"},
+                 "What the worker serves: prefill, decode, or both (one node does everything)");
+  schema.AddString("worker.model", &model, "Hugging Face model directory");
+  schema.AddEnum("worker.backend", &backend, {"cpu", "cuda"}, "Compute backend");
+  schema.AddString("worker.node_id", &node_id, "Node id (scheduler, cache leases, logs)");
+  schema.AddString("worker.listen", &listen, "gRPC address of the Worker service (host:port)");
+  schema.AddString("worker.http_listen", &http_listen,
+                   "Address for /metrics and /healthz; empty turns HTTP off");
+  schema.AddString("worker.host_id", &host_id,
+                   "Host identity for same-host (shm) transfers; empty: the host name");
+  schema.AddString("worker.cache_address", &cache_address,
+                   "gRPC address of this host's cache server; empty: no cache (recompute)");
+  schema.AddString("worker.scheduler_address", &scheduler_address,
+                   "gRPC address of the scheduler to register with; empty: standalone");
+  schema.AddInt("worker.kv_pages", &kv_pages, "KV pool size in pages (one block each)", 2,
+                int64_t{1} << 24);
+  schema.AddInt("worker.block_tokens", &block_tokens, "Tokens per block and page", 16, 1024);
+  schema.AddEnum("worker.kv_precision", &kv_precision, {"bf16", "fp32"},
+                 "Precision of the KV pool (bf16: cached blocks restore bit-exactly)");
+  schema.AddInt("worker.token_budget", &token_budget,
+                "Tokens per engine step (decode tokens + prefill chunks)", 1, 1 << 20);
+  schema.AddInt("worker.max_running", &max_running, "Sequences holding KV pages at once", 1,
+                1 << 16);
+  schema.AddInt("worker.max_queued", &max_queued, "Waiting requests before refusing more", 1,
+                1 << 24);
+  schema.AddDouble("worker.fault.corrupt", &fault_corrupt,
+                   "Tests: probability that a cache transfer is corrupted");
+  schema.AddDouble("worker.fault.delay", &fault_delay,
+                   "Tests: probability that a cache transfer is delayed");
+  schema.AddDuration("worker.fault.delay_by", &fault_delay_by, "Tests: the delay");
+}
+
 void StrataConfig::Register(ConfigSchema& schema) {
   log.Register(schema);
   cluster.Register(schema);
   cache.Register(schema);
+  worker.Register(schema);
 }
 
 }  // namespace strata

@@ -64,10 +64,36 @@ struct CacheSection {
   void Register(ConfigSchema& schema);
 };
 
+// `worker.*`: a compute node (`strata worker`, compute_nodes/worker/).
+struct WorkerSection {
+  std::string role = "both";  // prefill | decode | both
+  std::string model;          // Hugging Face model directory
+  std::string backend = "cpu";
+  std::string node_id = "worker-0";
+  std::string listen = "127.0.0.1:7500";         // gRPC (Worker)
+  std::string http_listen = "127.0.0.1:7501";    // /metrics, /healthz; empty: off
+  std::string host_id;                           // empty: the host name
+  std::string cache_address = "127.0.0.1:7400";  // this host's cache server; empty: none
+  std::string scheduler_address;                 // empty: standalone
+  int64_t kv_pages = 256;
+  int64_t block_tokens = 64;
+  std::string kv_precision = "bf16";  // bf16 | fp32
+  int64_t token_budget = 512;
+  int64_t max_running = 64;
+  int64_t max_queued = 1024;
+  // Tests only: fault injection on the cache data plane.
+  double fault_corrupt = 0;
+  double fault_delay = 0;
+  absl::Duration fault_delay_by = absl::Milliseconds(50);
+
+  void Register(ConfigSchema& schema);
+};
+
 struct StrataConfig {
   LogSection log;
   ClusterSection cluster;
   CacheSection cache;
+  WorkerSection worker;
 
   // Registers every section's options with `schema`, bound to this object's fields.
   void Register(ConfigSchema& schema);

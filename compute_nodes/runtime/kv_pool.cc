@@ -1,5 +1,6 @@
 #include "compute_nodes/runtime/kv_pool.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "common/strings.h"
@@ -7,9 +8,10 @@
 
 namespace strata::runtime {
 
-KvPool::KvPool(KvLayout layout, int64_t num_pages)
+KvPool::KvPool(KvLayout layout, int64_t num_pages, KvPrecision precision)
     : layout_(layout),
       num_pages_(num_pages),
+      precision_(precision),
       storage_(static_cast<size_t>(num_pages * layout.floats_per_page()), 0.0f),
       in_use_(num_pages, false) {
   free_.reserve(num_pages);
@@ -61,6 +63,22 @@ absl::Status KvPool::CheckPage(int32_t page) const {
     return absl::InvalidArgumentError(StrCat("KV pool: page ", page, " out of range"));
   }
   return absl::OkStatus();
+}
+
+void KvPool::StoreRow(int32_t page, int64_t layer, int64_t slot, const float* latent,
+                      const float* k_pe) {
+  float* dl = Latent(page, layer) + slot * layout_.latent_dim;
+  float* dk = KPe(page, layer) + slot * layout_.rope_dim;
+  std::copy_n(latent, layout_.latent_dim, dl);
+  std::copy_n(k_pe, layout_.rope_dim, dk);
+  if (precision_ == KvPrecision::kBf16) {
+    for (int64_t i = 0; i < layout_.latent_dim; ++i) {
+      dl[i] = model::Bf16ToFloat(model::FloatToBf16(dl[i]));
+    }
+    for (int64_t i = 0; i < layout_.rope_dim; ++i) {
+      dk[i] = model::Bf16ToFloat(model::FloatToBf16(dk[i]));
+    }
+  }
 }
 
 // The page already has the payload's layer-major layout, so conversion is element-wise.

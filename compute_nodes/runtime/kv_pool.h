@@ -2,8 +2,11 @@
 // layer, laid out exactly like a block payload — layer-major, per layer latent [B][kv_lora_rank]
 // then k_pe [B][rope_dim] — so a cache block maps one-to-one onto a page.
 //
-// The pool stores fp32 (the CPU backend's precision). Export/Import convert to and from a block
-// payload: bf16 (block format codec 1; lossy for fp32 pages) or fp32 (lossless, in-process).
+// The pool stores fp32 (the CPU backend's arithmetic). With KvPrecision::kBf16 every value
+// written through StoreRow is first rounded to bf16, as a bf16 KV cache would hold it, so a bf16
+// block payload (block format codec 1) exports and imports losslessly: a prefix restored from the
+// cache is bit-identical to one computed in place. kF32 keeps full precision (numerics tests); then
+// bf16 export is lossy. Export/Import convert to and from a payload in either dtype.
 // Allocate/Free are thread-safe; a page's contents belong to the one sequence holding it.
 #pragma once
 
@@ -27,11 +30,15 @@ struct KvLayout {
 
 enum class PayloadDtype { kBf16, kF32 };
 
+// What the values held in the pages are rounded to when written.
+enum class KvPrecision { kF32, kBf16 };
+
 class KvPool {
  public:
-  KvPool(KvLayout layout, int64_t num_pages);
+  KvPool(KvLayout layout, int64_t num_pages, KvPrecision precision = KvPrecision::kF32);
 
   const KvLayout& layout() const { return layout_; }
+  KvPrecision precision() const { return precision_; }
   int64_t num_pages() const { return num_pages_; }
   int64_t free_pages() const;
 
@@ -44,6 +51,9 @@ class KvPool {
   float* KPe(int32_t page, int64_t layer);
   const float* Latent(int32_t page, int64_t layer) const;
   const float* KPe(int32_t page, int64_t layer) const;
+  // Writes one token's latent [latent_dim] and k_pe [rope_dim] into row `slot` of `page`'s
+  // `layer`, rounded to the pool's precision.
+  void StoreRow(int32_t page, int64_t layer, int64_t slot, const float* latent, const float* k_pe);
 
   size_t PayloadBytes(PayloadDtype dtype) const;
   // Page → block payload and back. InvalidArgument on a bad page id or a wrong payload size.
@@ -55,6 +65,7 @@ class KvPool {
 
   KvLayout layout_;
   int64_t num_pages_;
+  KvPrecision precision_;
   std::vector<float> storage_;
   mutable absl::Mutex mu_;
   std::vector<int32_t> free_ ABSL_GUARDED_BY(mu_);

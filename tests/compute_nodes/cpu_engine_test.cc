@@ -115,6 +115,35 @@ TEST(CpuEngineTest, BatchedDecodeEqualsOneAtATime) {
   }
 }
 
+// With a bf16 pool, a prefix restored from a bf16 block payload is bit-identical to the prefix
+// computed in place, so the logits of what follows are equal, not just close.
+TEST(CpuEngineTest, Bf16PoolRestoresAPrefixExactly) {
+  auto w = Tiny();
+  const std::vector<int32_t> ids = Ids(80, 5);
+  cpu::CpuEngine a(w, 4, 64, runtime::KvPrecision::kBf16);
+  PageTable pa;
+  const auto ref = RunAll(a, ids, &pa, 64, AttentionForm::kMha);
+  std::vector<uint8_t> payload;
+  ASSERT_TRUE(a.kv_pool().ExportPage(pa.pages[0], runtime::PayloadDtype::kBf16, &payload).ok());
+
+  cpu::CpuEngine b(w, 4, 64, runtime::KvPrecision::kBf16);
+  PageTable pb;
+  ASSERT_TRUE(runtime::EnsureCapacity(b.kv_pool(), pb, ids.size()).ok());
+  ASSERT_TRUE(b.kv_pool().ImportPage(pb.pages[0], runtime::PayloadDtype::kBf16, payload).ok());
+  SequenceInput in{std::span<const int32_t>(ids).subspan(64), 64, &pb, true, AttentionForm::kMha};
+  std::vector<SequenceOutput> out;
+  ASSERT_TRUE(b.Forward({&in, 1}, &out).ok());
+  const size_t vocab = w->config.vocab_size;
+  ASSERT_EQ(out[0].logits.size(), 16 * vocab);
+  EXPECT_TRUE(std::equal(out[0].logits.begin(), out[0].logits.end(), ref.begin() + 64 * vocab));
+
+  // An fp32 pool exported through bf16 is lossy: the same restore is only close.
+  cpu::CpuEngine c(w, 4);
+  PageTable pc;
+  const auto ref32 = RunAll(c, ids, &pc, 64, AttentionForm::kMha);
+  EXPECT_FALSE(std::equal(ref32.begin(), ref32.end(), ref.begin()));
+}
+
 TEST(CpuEngineTest, RejectsBadInput) {
   auto w = Tiny();
   cpu::CpuEngine e(w, 2);

@@ -12,11 +12,11 @@ using model::ModelConfig;
 using runtime::SequenceInput;
 
 CpuEngine::CpuEngine(std::shared_ptr<const model::ModelWeights> weights, int64_t num_pages,
-                     int64_t block_tokens)
+                     int64_t block_tokens, runtime::KvPrecision kv_precision)
     : weights_(std::move(weights)),
       pool_(runtime::KvLayout{weights_->config.num_hidden_layers, block_tokens,
                               weights_->config.kv_lora_rank, weights_->config.qk_rope_head_dim},
-            num_pages),
+            num_pages, kv_precision),
       rope_(weights_->config) {}
 
 absl::Status CpuEngine::Forward(std::span<const SequenceInput> batch,
@@ -91,8 +91,7 @@ absl::Status CpuEngine::Forward(std::span<const SequenceInput> batch,
       const runtime::PageTable& pt = *batch[tokens[r].seq].pages;
       const int32_t page = pt.pages[tokens[r].position / b];
       const int64_t slot = tokens[r].position % b;
-      std::copy_n(row, kvr, pool_.Latent(page, l) + slot * kvr);
-      std::copy_n(row + kvr, rope, pool_.KPe(page, l) + slot * rope);
+      pool_.StoreRow(page, l, slot, row, row + kvr);
     }
     // Prefill chunks decompress their pages once; then every (sequence, head) pair is one task.
     std::vector<bool> absorbed(batch.size());

@@ -17,7 +17,8 @@ namespace strata::cpu {
 class CpuEngine final : public runtime::Engine {
  public:
   CpuEngine(std::shared_ptr<const model::ModelWeights> weights, int64_t num_pages,
-            int64_t block_tokens = 64);
+            int64_t block_tokens = 64,
+            runtime::KvPrecision kv_precision = runtime::KvPrecision::kF32);
 
   const model::ModelConfig& config() const override { return weights_->config; }
   runtime::KvPool& kv_pool() override { return pool_; }

@@ -1,0 +1,136 @@
+#include "compute_nodes/worker/worker_server.h"
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "common/metrics.h"
+#include "common/status.h"
+#include "common/strings.h"
+#include "compute_nodes/backend/cpu/cpu_engine.h"
+#include "compute_nodes/model/weights.h"
+#include "spdlog/spdlog.h"
+
+namespace strata::worker {
+
+WorkerServer::WorkerServer(WorkerServerOptions options) : options_(std::move(options)) {
+  if (options_.host_id.empty()) {
+    char name[256] = {};
+    gethostname(name, sizeof(name) - 1);
+    options_.host_id = name;
+  }
+}
+
+WorkerServer::~WorkerServer() { Shutdown(); }
+
+absl::Status WorkerServer::Start() {
+  if (options_.backend != "cpu") {
+    return absl::UnimplementedError(
+        StrCat("backend '", options_.backend, "' is not available in this build (cpu)"));
+  }
+  if (options_.role != v1::ROLE_PREFILL && options_.role != v1::ROLE_DECODE &&
+      options_.role != v1::ROLE_BOTH) {
+    return absl::InvalidArgumentError("worker role must be prefill, decode or both");
+  }
+  ASSIGN_OR_RETURN_WITH(auto weights, model::LoadModel(options_.model_dir),
+                        StrCat("loading the model from ", options_.model_dir));
+  const ModelFingerprint fingerprint = weights->fingerprint;
+  engine_ = std::make_unique<cpu::CpuEngine>(
+      std::shared_ptr<const model::ModelWeights>(std::move(weights)), options_.kv_pages,
+      options_.block_tokens,
+      options_.kv_bf16 ? runtime::KvPrecision::kBf16 : runtime::KvPrecision::kF32);
+  if (std::filesystem::exists(std::filesystem::path(options_.model_dir) / "tokenizer.json")) {
+    ASSIGN_OR_RETURN_WITH(tokenizer_, tokenizer::Tokenizer::Load(options_.model_dir),
+                          "loading the tokenizer");
+  }
+  cache_client::CacheClientOptions cache{.address = options_.cache_address,
+                                         .client_id = options_.node_id,
+                                         .host_id = options_.host_id,
+                                         .cluster_secret = options_.cluster_secret};
+  if (options_.cache_faults) {
+    const transfer::FaultPolicy policy = *options_.cache_faults;
+    cache.wrap_transport = [policy](std::unique_ptr<transfer::Transport> t) {
+      return std::make_unique<transfer::FaultInjectingTransport>(std::move(t), policy);
+    };
+  }
+  caches_ = std::make_unique<CacheDirectory>(std::move(cache));
+  if (caches_->has_local() && caches_->Get("") == nullptr) {
+    // Not fatal: the worker serves by recomputation and reconnects when the server is back.
+    spdlog::warn("cache server {} is not reachable yet", options_.cache_address);
+  }
+  core_ = std::make_unique<WorkerCore>(*engine_, *caches_, options_.core);
+  core_->Start();
+
+  KvFormat format;
+  format.block_tokens = static_cast<uint32_t>(options_.block_tokens);
+  service_ = std::make_unique<WorkerService>(
+      *core_, WorkerServiceOptions{.node_id = options_.node_id,
+                                   .role = options_.role,
+                                   .model = std::filesystem::path(options_.model_dir).filename(),
+                                   .backend = options_.backend,
+                                   .fingerprint = fingerprint,
+                                   .format = format,
+                                   .tokenizer = tokenizer_.get()});
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(options_.listen, grpc::InsecureServerCredentials(), &grpc_port_);
+  builder.RegisterService(service_.get());
+  builder.SetMaxReceiveMessageSize(64 << 20);
+  server_ = builder.BuildAndStart();
+  if (server_ == nullptr || grpc_port_ == 0) {
+    return absl::UnavailableError(StrCat("cannot listen for gRPC on ", options_.listen));
+  }
+  if (!options_.http_listen.empty()) {
+    ASSIGN_OR_RETURN(auto hp, ParseHostPort(options_.http_listen));
+    http_ = std::make_unique<HttpListener>(
+        HttpListener::Options{.address = hp.first, .port = hp.second});
+    AddDiagnosticsRoutes(*http_, MetricsRegistry::Default(), [] { return absl::OkStatus(); });
+    RETURN_IF_ERROR(http_->Start());
+  }
+  if (!options_.scheduler_address.empty()) {
+    v1::NodeInfo node;
+    node.set_node_id(options_.node_id);
+    node.set_role(options_.role);
+    node.set_host_id(options_.host_id);
+    const std::string host = options_.listen.substr(0, options_.listen.rfind(':'));
+    node.set_grpc_address(StrCat(host, ":", grpc_port_));
+    node.set_cache_address(options_.cache_address);
+    node.set_model(std::filesystem::path(options_.model_dir).filename());
+    node.mutable_kv_format()->set_codec(v1::CODEC_BF16);
+    node.mutable_kv_format()->set_block_tokens(static_cast<uint32_t>(options_.block_tokens));
+    node.mutable_kv_format()->set_layout_version(1);
+    node.mutable_kv_format()->set_num_layers(
+        static_cast<uint32_t>(engine_->config().num_hidden_layers));
+    node.mutable_kv_format()->set_kv_lora_rank(
+        static_cast<uint32_t>(engine_->config().kv_lora_rank));
+    node.mutable_kv_format()->set_rope_dim(
+        static_cast<uint32_t>(engine_->config().qk_rope_head_dim));
+    node.set_total_kv_pages(static_cast<uint32_t>(options_.kv_pages));
+    scheduler_ = std::make_unique<SchedulerLink>(
+        SchedulerLinkOptions{.address = options_.scheduler_address,
+                             .node = std::move(node),
+                             .load = [core = core_.get()] { return core->Load(); }});
+    scheduler_->Start();
+  }
+  spdlog::info("worker {} ({}) serving gRPC on port {}, HTTP on port {}, {} KV pages of {} tokens",
+               options_.node_id, v1::NodeRole_Name(options_.role), grpc_port_, http_port(),
+               options_.kv_pages, options_.block_tokens);
+  return absl::OkStatus();
+}
+
+int WorkerServer::http_port() const { return http_ ? http_->port() : 0; }
+
+void WorkerServer::Wait() {
+  if (server_) server_->Wait();
+}
+
+void WorkerServer::Shutdown() {
+  if (scheduler_) scheduler_->Stop();
+  // Requests in flight end (Unavailable) before the RPCs waiting on them are torn down.
+  if (core_) core_->Stop();
+  if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  if (http_) http_->Stop();
+}
+
+}  // namespace strata::worker
