@@ -479,7 +479,10 @@ FetchResult CacheClient::Fetch(const Namespace& ns, std::span<const BlockKey> ke
              IsBlockIdentityMismatch(v));
         break;
       }
-      const HitTier tier = FromProtoTier(lresp.locations(static_cast<int>(i)).tier());
+      // Count an SSD hit as SSD even though Lookup(promote) served it from DRAM.
+      const v1::BlockLocation& loc = lresp.locations(static_cast<int>(i));
+      const HitTier tier =
+          FromProtoTier(loc.found_in() != v1::TIER_UNSPECIFIED ? loc.found_in() : loc.tier());
       out.blocks.push_back(
           {.tier = tier,
            .payload = std::vector<uint8_t>(view->payload.begin(), view->payload.end())});

@@ -148,11 +148,12 @@ class CacheClientTest : public ::testing::Test {
   std::unique_ptr<cache::CacheServer> server_;
 };
 
-void ExpectPayloads(const FetchResult& r, const Chain& c, size_t n) {
+void ExpectPayloads(const FetchResult& r, const Chain& c, size_t n,
+                    HitTier tier = HitTier::kDram) {
   ASSERT_EQ(r.blocks.size(), n);
   for (size_t i = 0; i < n; ++i) {
     EXPECT_EQ(r.blocks[i].payload, c.blocks[i].payload) << "block " << i;
-    EXPECT_EQ(r.blocks[i].tier, HitTier::kDram);
+    EXPECT_EQ(r.blocks[i].tier, tier);
   }
 }
 
@@ -433,9 +434,11 @@ TEST_F(CacheClientTest, BlocksOnSsdAfterARestartArePromotedAndReadBack) {
   const FetchResult r = FetchChain(*client, ns, c);
   EXPECT_EQ(r.hit_blocks, 3);
   EXPECT_TRUE(r.first_failure.ok()) << r.first_failure;
-  // Lookup(promote) copies SSD hits to DRAM and reports the DRAM location it serves.
-  ExpectPayloads(r, c, 3);
+  // Lookup(promote) copies SSD hits to DRAM and serves them from there; they count as SSD hits.
+  ExpectPayloads(r, c, 3, HitTier::kSsd);
   EXPECT_EQ(ActiveLeases(), 0u);
+  // Now in DRAM: the next fetch is a DRAM hit.
+  ExpectPayloads(FetchChain(*client, ns, c), c, 3, HitTier::kDram);
 }
 
 TEST_F(CacheClientTest, AClientFindsARestartedServerAgain) {
