@@ -238,11 +238,12 @@ struct CacheClient::Impl {
     return std::shared_ptr<const DataPath>(std::move(path));
   }
 
-  // The current data path; re-opened first when it is stale (at most once a second).
-  std::shared_ptr<const DataPath> Path() {
+  // The current data path; re-opened first when it is stale (at most once a second, unless
+  // `now`: a read that just failed on a path that answered a Lookup a moment ago).
+  std::shared_ptr<const DataPath> Path(bool now = false) {
     {
       std::lock_guard<std::mutex> lock(path_mu);
-      if (!path_stale || absl::Now() - path_opened < absl::Seconds(1)) return path;
+      if (!path_stale || (!now && absl::Now() - path_opened < absl::Seconds(1))) return path;
     }
     std::unique_lock<std::mutex> reopen(reopen_mu, std::try_to_lock);
     std::unique_lock<std::mutex> lock(path_mu);
@@ -428,18 +429,32 @@ FetchResult CacheClient::Fetch(const Namespace& ns, std::span<const BlockKey> ke
 
   // 3. One batch of reads, each checked in transit against the stored checksum.
   if (readable > 0) {
-    const std::shared_ptr<const DataPath> path = im.Path();
+    std::shared_ptr<const DataPath> path = im.Path();
     const Clock::time_point transfer_start = Clock::now();
     auto buffer = std::make_shared<std::vector<uint8_t>>(readable * block_bytes);
-    std::vector<transfer::TransferOp> reads;
-    reads.reserve(readable);
-    for (size_t i = 0; i < readable; ++i) {
-      const v1::BlockLocation& loc = lresp.locations(static_cast<int>(i));
-      reads.push_back(BlockOp(transfer::OpKind::kRead, buffer->data() + i * block_bytes, loc,
-                              block_bytes, loc.checksum()));
+    auto read_all = [&] {
+      std::vector<transfer::TransferOp> reads;
+      reads.reserve(readable);
+      for (size_t i = 0; i < readable; ++i) {
+        const v1::BlockLocation& loc = lresp.locations(static_cast<int>(i));
+        reads.push_back(BlockOp(transfer::OpKind::kRead, buffer->data() + i * block_bytes, loc,
+                                block_bytes, loc.checksum()));
+      }
+      return RunBatch(*im.engine, *path->peer, std::move(reads), im.options.transfer_timeout,
+                      buffer);
+    };
+    auto batch = read_all();
+    if (absl::Status first = batch->status(0);
+        absl::IsUnavailable(first) && first.message() != "pending") {
+      // The server answered the Lookup but its data path is gone: it restarted (new transfer
+      // ports, a new shm arena). Re-open the path once and read again under the same lease.
+      im.MaybeStale(first);
+      std::shared_ptr<const DataPath> fresh = im.Path(/*now=*/true);
+      if (fresh != path) {
+        path = std::move(fresh);
+        batch = read_all();
+      }
     }
-    auto batch =
-        RunBatch(*im.engine, *path->peer, std::move(reads), im.options.transfer_timeout, buffer);
     out.transfer_ms = MsSince(transfer_start);
 
     // 4. Verify each block in order; the first bad one ends the prefix.
