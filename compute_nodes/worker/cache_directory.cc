@@ -28,4 +28,15 @@ cache_client::CacheClient* CacheDirectory::Get(const std::string& address) {
   return e.client.get();
 }
 
+void CacheDirectory::FlushSaves() {
+  std::vector<cache_client::CacheClient*> clients;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [address, e] : entries_) {
+      if (e.client != nullptr) clients.push_back(e.client.get());
+    }
+  }
+  for (cache_client::CacheClient* c : clients) c->FlushSaves();
+}
+
 }  // namespace strata::worker

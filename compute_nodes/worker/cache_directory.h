@@ -28,6 +28,9 @@ class CacheDirectory {
   // The client for `address` (empty: the local server); null when it cannot be reached now.
   cache_client::CacheClient* Get(const std::string& address);
 
+  // Waits for every write-behind save of every connected client (their callbacks have run).
+  void FlushSaves();
+
  private:
   struct Entry {
     std::unique_ptr<cache_client::CacheClient> client;

@@ -3,46 +3,17 @@
 #include <algorithm>
 #include <chrono>
 
-#include "common/metrics.h"
 #include "common/strings.h"
 #include "compute_nodes/worker/sequence.h"
+#include "compute_nodes/worker/worker_internal.h"
 #include "spdlog/spdlog.h"
 
 namespace strata::worker {
 namespace {
 
-double Ms(absl::Duration d) { return absl::ToDoubleMilliseconds(d); }
-
-struct CoreMetrics {
-  Counter& computed =
-      MetricsRegistry::Default()
-          .AddCounter("strata_worker_prompt_tokens_total",
-                      "Prompt tokens by source (computed or loaded from cache)", {"source"})
-          .Labels({"computed"});
-  Counter& cached =
-      MetricsRegistry::Default()
-          .AddCounter("strata_worker_prompt_tokens_total",
-                      "Prompt tokens by source (computed or loaded from cache)", {"source"})
-          .Labels({"cache"});
-  Counter& generated =
-      MetricsRegistry::Default()
-          .AddCounter("strata_worker_generated_tokens_total", "Tokens generated", {})
-          .Labels({});
-  MetricFamily<Counter>& swaps = MetricsRegistry::Default().AddCounter(
-      "strata_worker_swaps_total", "Sequences swapped out or in under page pressure",
-      {"direction"});
-  MetricFamily<Counter>& requests = MetricsRegistry::Default().AddCounter(
-      "strata_worker_requests_total", "Requests finished, by outcome", {"outcome"});
-  Histogram& step = MetricsRegistry::Default()
-                        .AddHistogram("strata_worker_step_seconds", "Engine step time", {},
-                                      ExponentialBuckets(1e-4, 2, 16))
-                        .Labels({});
-};
-
-CoreMetrics& Metrics() {
-  static CoreMetrics* m = new CoreMetrics();
-  return *m;
-}
+using internal::AsU32;
+using internal::Metrics;
+using internal::Ms;
 
 const char* FinishName(Finish f) {
   switch (f) {
@@ -58,10 +29,6 @@ const char* FinishName(Finish f) {
       break;
   }
   return "none";
-}
-
-std::vector<uint32_t> AsU32(std::span<const int32_t> ids) {
-  return std::vector<uint32_t>(ids.begin(), ids.end());
 }
 
 }  // namespace
@@ -96,6 +63,8 @@ void WorkerCore::Stop() {
   loader_cv_.notify_all();
   if (loop_.joinable()) loop_.join();
   if (loader_.joinable()) loader_.join();
+  // Save callbacks point at this core: let them all run before it can go away.
+  caches_.FlushSaves();
   // Whatever is left ends now; the threads are gone, so this thread owns every sequence.
   std::vector<SeqPtr> left;
   {
@@ -228,7 +197,7 @@ void WorkerCore::Loop() {
   }
 }
 
-// ---- Admission and loading ----
+// ---- Admission ----
 
 void WorkerCore::AdmitLocked(std::vector<SeqPtr>* ready) {
   runtime::KvPool& pool = engine_.kv_pool();
@@ -301,172 +270,6 @@ void WorkerCore::AdmitLocked(std::vector<SeqPtr>* ready) {
   }
 }
 
-void WorkerCore::LoaderLoop() {
-  runtime::KvPool& pool = engine_.kv_pool();
-  const runtime::KvLayout& kv = pool.layout();
-  const BlockLayout layout{.codec = KvCodec::kBf16,
-                           .n_layers = static_cast<uint32_t>(kv.num_layers),
-                           .block_tokens = static_cast<uint32_t>(kv.block_tokens),
-                           .kv_lora_rank = static_cast<uint32_t>(kv.latent_dim),
-                           .rope_dim = static_cast<uint32_t>(kv.rope_dim)};
-  while (true) {
-    SeqPtr seq;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      loader_cv_.wait(lock, [&] { return stopping_ || !to_load_.empty(); });
-      if (stopping_) return;
-      seq = to_load_.front();
-      to_load_.pop_front();
-    }
-    // The loop does not touch a loading sequence: its keys, tokens and pages are ours.
-    const std::string address = seq->first_load ? seq->spec.cache_address : std::string();
-    const bool remote = !address.empty() && address != caches_.local_address();
-    cache_client::CacheClient* client = caches_.Get(address);
-    int64_t imported = 0;
-    CachedTokenCounts counts;
-    bool failed = false;
-    if (client != nullptr) {
-      const int64_t n = seq->fetch_blocks;
-      const std::vector<uint32_t> tokens =
-          AsU32(std::span<const int32_t>(seq->tokens).subspan(0, n * block_tokens_));
-      cache_client::FetchResult r =
-          client->Fetch(seq->spec.ns, std::span<const BlockKey>(seq->keys).subspan(0, n), tokens,
-                        layout, seq->spec.id);
-      for (const cache_client::FetchedBlock& b : r.blocks) {
-        if (!pool.ImportPage(seq->pages.pages[imported], runtime::PayloadDtype::kBf16, b.payload)
-                 .ok()) {
-          failed = true;
-          break;
-        }
-        ++imported;
-        int64_t* tier = remote                                  ? &counts.remote
-                        : b.tier == cache_client::HitTier::kSsd ? &counts.ssd
-                        : b.tier == cache_client::HitTier::kGpu ? &counts.gpu
-                                                                : &counts.dram;
-        *tier += block_tokens_;
-        counts.total += block_tokens_;
-      }
-      if (!r.first_failure.ok()) {
-        failed = true;
-        spdlog::warn("request {}: fetched {} of {} cached blocks ({}); recomputing the rest",
-                     seq->spec.id, imported, r.hit_blocks, r.first_failure.ToString());
-      }
-    } else {
-      failed = true;
-    }
-    seq->kv_len = imported * block_tokens_;
-    seq->saved_blocks = imported;
-    {
-      std::lock_guard<std::mutex> lock(seq->done_mu);
-      seq->block_in_cache.assign(imported, 1);
-    }
-    if (seq->first_load) {
-      seq->cached = counts;
-      Metrics().cached.Increment(static_cast<double>(counts.total));
-    } else if (imported < seq->fetch_blocks) {
-      // A swap-in that could not get every saved block back recomputes the rest.
-      std::lock_guard<std::mutex> lock(mu_);
-      ++stats_.recomputed_swaps;
-    }
-    seq->first_load = false;
-    std::lock_guard<std::mutex> lock(mu_);
-    if (failed) ++stats_.fetch_failures;
-    stats_.cached_tokens += counts.total;
-    --loading_count_;
-    loaded_.push_back(seq);
-    cv_.notify_all();
-  }
-}
-
-void WorkerCore::CollectLoaded() {
-  std::vector<SeqPtr> loaded;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    loaded.swap(loaded_);
-  }
-  for (SeqPtr& seq : loaded) {
-    seq->state = Sequence::State::kRunning;
-    running_.push_back(std::move(seq));
-  }
-  std::sort(running_.begin(), running_.end(),
-            [](const SeqPtr& a, const SeqPtr& b) { return a->serial < b->serial; });
-}
-
-// ---- Keys and saves ----
-
-void WorkerCore::ExtendKeys(Sequence& seq, int64_t blocks) const {
-  while (static_cast<int64_t>(seq.keys.size()) < blocks) {
-    const int64_t i = static_cast<int64_t>(seq.keys.size());
-    const BlockKey parent = i == 0 ? BlockKey{} : seq.keys[i - 1];
-    const std::vector<uint32_t> tokens =
-        AsU32(std::span<const int32_t>(seq.tokens).subspan(i * block_tokens_, block_tokens_));
-    seq.keys.push_back(ChainBlockKey(seq.spec.ns, parent, tokens));
-  }
-}
-
-void WorkerCore::SaveBlocks(const SeqPtr& seq, int64_t upto) {
-  upto = std::min(upto, seq->kv_len / block_tokens_);
-  if (upto <= seq->saved_blocks) return;
-  cache_client::CacheClient* client = caches_.Get("");
-  if (client == nullptr) return;
-  runtime::KvPool& pool = engine_.kv_pool();
-  const runtime::KvLayout& kv = pool.layout();
-  const BlockLayout layout{.codec = KvCodec::kBf16,
-                           .n_layers = static_cast<uint32_t>(kv.num_layers),
-                           .block_tokens = static_cast<uint32_t>(kv.block_tokens),
-                           .kv_lora_rank = static_cast<uint32_t>(kv.latent_dim),
-                           .rope_dim = static_cast<uint32_t>(kv.rope_dim)};
-  ExtendKeys(*seq, upto);
-  std::vector<cache_client::BlockToSave> blocks;
-  const int64_t from = seq->saved_blocks;
-  for (int64_t b = from; b < upto; ++b) {
-    cache_client::BlockToSave block;
-    block.key = seq->keys[b];
-    if (b > 0) block.parent = seq->keys[b - 1];
-    block.tokens =
-        AsU32(std::span<const int32_t>(seq->tokens).subspan(b * block_tokens_, block_tokens_));
-    if (!pool.ExportPage(seq->pages.pages[b], runtime::PayloadDtype::kBf16, &block.payload).ok()) {
-      break;
-    }
-    blocks.push_back(std::move(block));
-  }
-  seq->saved_blocks = upto;
-  if (blocks.empty()) return;
-  {
-    std::lock_guard<std::mutex> lock(seq->done_mu);
-    ++seq->pending_saves;
-  }
-  const std::vector<BlockKey> keys(seq->keys.begin() + from, seq->keys.begin() + upto);
-  client->SaveAsync(seq->spec.ns, seq->spec.tenant, layout, std::move(blocks), seq->spec.id,
-                    [this, seq, from, keys](absl::StatusOr<cache_client::SaveResult> result) {
-                      int64_t saved = 0;
-                      {
-                        std::lock_guard<std::mutex> lock(seq->done_mu);
-                        if (result.ok()) {
-                          if (seq->block_in_cache.size() < from + keys.size()) {
-                            seq->block_in_cache.resize(from + keys.size(), 0);
-                          }
-                          for (const BlockKey& k : result->keys_in_cache) {
-                            auto it = std::find(keys.begin(), keys.end(), k);
-                            if (it != keys.end())
-                              seq->block_in_cache[from + (it - keys.begin())] = 1;
-                          }
-                          saved = result->stored;
-                        } else {
-                          spdlog::warn("request {}: saving blocks failed: {}", seq->spec.id,
-                                       result.status().ToString());
-                        }
-                        --seq->pending_saves;
-                      }
-                      {
-                        std::lock_guard<std::mutex> lock(mu_);
-                        stats_.blocks_saved += saved;
-                      }
-                      cv_.notify_all();  // a swapped sequence may now come back
-                      MaybeDeliverDone(seq);
-                    });
-}
-
 // ---- Finishing ----
 
 void WorkerCore::End(const SeqPtr& seq, Finish finish, absl::Status status) {
@@ -519,50 +322,6 @@ void WorkerCore::MaybeDeliverDone(const SeqPtr& seq) {
   outcome.mean_tbt_ms = seq->tbt_count > 0 ? seq->tbt_sum_ms / seq->tbt_count : 0;
   Metrics().requests.Labels({FinishName(outcome.finish)}).Increment();
   if (seq->events.on_done) seq->events.on_done(outcome);
-}
-
-// ---- Swapping ----
-
-bool WorkerCore::SwapOutVictim(const SeqPtr& needing) {
-  SeqPtr victim;
-  for (const SeqPtr& s : running_) {
-    if (s->state != Sequence::State::kRunning) continue;
-    if (victim == nullptr || s->spec.priority < victim->spec.priority ||
-        (s->spec.priority == victim->spec.priority && s->serial > victim->serial)) {
-      victim = s;
-    }
-  }
-  if (victim == nullptr) return false;
-  int64_t holders = 0;
-  for (const SeqPtr& s : running_) holders += s->state == Sequence::State::kRunning;
-  if (victim == needing && holders == 1) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (loading_count_ == 0) return false;  // alone and still short: the pool is too small
-  }
-  // The KV of the full blocks goes to the cache; the partial tail is recomputed on the way back.
-  const bool to_cache = caches_.Get("") != nullptr;
-  SaveBlocks(victim, victim->kv_len / block_tokens_);
-  runtime::ReleasePages(engine_.kv_pool(), victim->pages);
-  victim->kv_len = 0;
-  victim->saved_blocks = 0;
-  victim->state = Sequence::State::kSwapped;
-  {
-    std::lock_guard<std::mutex> lock(victim->done_mu);
-    victim->block_in_cache.clear();
-  }
-  running_.erase(std::find(running_.begin(), running_.end(), victim));
-  spdlog::info("request {}: swapped out ({} tokens{})", victim->spec.id, victim->tokens.size(),
-               to_cache ? "" : ", no cache server: will recompute");
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    ++stats_.swapped_out;
-    if (!to_cache) ++stats_.recomputed_swaps;
-    auto pos = std::find_if(swapped_.begin(), swapped_.end(),
-                            [&](const SeqPtr& s) { return s->serial > victim->serial; });
-    swapped_.insert(pos, victim);
-  }
-  Metrics().swaps.Labels({"out"}).Increment();
-  return true;
 }
 
 // ---- The step ----

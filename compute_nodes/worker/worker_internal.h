@@ -1,0 +1,40 @@
+// Pieces the WorkerCore source files share (internal to compute_nodes/worker).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "common/block_format.h"
+#include "common/metrics.h"
+#include "compute_nodes/runtime/kv_pool.h"
+
+namespace strata::worker::internal {
+
+struct CoreMetrics {
+  Counter& computed;
+  Counter& cached;
+  Counter& generated;
+  MetricFamily<Counter>& swaps;
+  MetricFamily<Counter>& requests;
+  Histogram& step;
+};
+CoreMetrics& Metrics();
+
+inline double Ms(absl::Duration d) { return absl::ToDoubleMilliseconds(d); }
+
+inline std::vector<uint32_t> AsU32(std::span<const int32_t> ids) {
+  return std::vector<uint32_t>(ids.begin(), ids.end());
+}
+
+// The block layout of a pool's pages: bf16 blocks of the pool's geometry.
+inline BlockLayout BlockLayoutOf(const runtime::KvLayout& kv) {
+  return BlockLayout{.codec = KvCodec::kBf16,
+                     .n_layers = static_cast<uint32_t>(kv.num_layers),
+                     .block_tokens = static_cast<uint32_t>(kv.block_tokens),
+                     .kv_lora_rank = static_cast<uint32_t>(kv.latent_dim),
+                     .rope_dim = static_cast<uint32_t>(kv.rope_dim)};
+}
+
+}  // namespace strata::worker::internal

@@ -1,0 +1,213 @@
+// WorkerCore in process, without a cache server: continuous batching with chunked prefill equals
+// one request at a time, swaps by recomputation keep outputs, bad requests are refused, cancel and
+// stop end requests and free their pages.
+#include "compute_nodes/worker/worker_core.h"
+
+#include <gtest/gtest.h>
+
+#include <condition_variable>
+#include <map>
+#include <mutex>
+#include <random>
+
+#include "compute_nodes/backend/cpu/cpu_engine.h"
+#include "compute_nodes/model/make_random.h"
+#include "compute_nodes/model/weights.h"
+#include "compute_nodes/runtime/generate.h"
+
+namespace strata::worker {
+namespace {
+
+std::shared_ptr<const model::ModelWeights> Tiny() {
+  static std::shared_ptr<const model::ModelWeights> w;
+  if (w) return w;
+  const std::string dir = testing::TempDir() + "/worker_core_tiny";
+  model::MakeRandomOptions o;
+  o.seed = 3;
+  EXPECT_TRUE(model::MakeRandomCheckpoint(*model::PresetConfig("tiny"), o, dir).ok());
+  auto loaded = model::LoadModel(dir);
+  EXPECT_TRUE(loaded.ok()) << loaded.status();
+  w = std::shared_ptr<const model::ModelWeights>(std::move(*loaded));
+  return w;
+}
+
+std::vector<int32_t> Prompt(int n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> ids(n);
+  for (auto& id : ids) id = static_cast<int32_t>(rng() % 100000);
+  return ids;
+}
+
+std::vector<int32_t> Reference(const std::vector<int32_t>& prompt, int max_tokens) {
+  cpu::CpuEngine engine(Tiny(), (prompt.size() + max_tokens) / 64 + 2, 64,
+                        runtime::KvPrecision::kBf16);
+  runtime::SamplingParams params;
+  params.max_tokens = max_tokens;
+  auto result = runtime::Generate(engine, prompt, params, 512);
+  EXPECT_TRUE(result.ok()) << result.status();
+  return result->tokens;
+}
+
+// Collects one request's tokens and outcome.
+struct Collector {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<int32_t> tokens;
+  std::optional<RequestOutcome> done;
+
+  RequestEvents Events() {
+    return {.on_tokens =
+                [this](std::span<const int32_t> ids) {
+                  std::lock_guard<std::mutex> lock(mu);
+                  tokens.insert(tokens.end(), ids.begin(), ids.end());
+                  cv.notify_all();
+                },
+            .on_done =
+                [this](const RequestOutcome& o) {
+                  std::lock_guard<std::mutex> lock(mu);
+                  done = o;
+                  cv.notify_all();
+                }};
+  }
+  RequestOutcome Wait() {
+    std::unique_lock<std::mutex> lock(mu);
+    EXPECT_TRUE(cv.wait_for(lock, std::chrono::seconds(120), [&] { return done.has_value(); }));
+    return done.value_or(RequestOutcome{});
+  }
+  size_t TokenCount() {
+    std::lock_guard<std::mutex> lock(mu);
+    return tokens.size();
+  }
+};
+
+RequestSpec Spec(const std::string& id, std::vector<int32_t> prompt, int max_tokens) {
+  RequestSpec spec;
+  spec.id = id;
+  spec.prompt = std::move(prompt);
+  spec.sampling.max_tokens = max_tokens;
+  return spec;
+}
+
+class WorkerCoreTest : public testing::Test {
+ protected:
+  void Make(int64_t pages, WorkerCoreOptions options = {}) {
+    engine_ = std::make_unique<cpu::CpuEngine>(Tiny(), pages, 64, runtime::KvPrecision::kBf16);
+    core_ = std::make_unique<WorkerCore>(*engine_, caches_, options);
+    core_->Start();
+  }
+
+  CacheDirectory caches_{cache_client::CacheClientOptions{}};  // no cache server
+  std::unique_ptr<cpu::CpuEngine> engine_;
+  std::unique_ptr<WorkerCore> core_;
+};
+
+TEST_F(WorkerCoreTest, ContinuousBatchingEqualsOneAtATime) {
+  // A budget of 96 tokens per step: long prompts are chunked and share steps with decodes.
+  Make(64, {.token_budget = 96});
+  const std::vector<int> lengths = {30, 300, 64, 150, 7, 200};
+  std::vector<Collector> out(lengths.size());
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    ASSERT_TRUE(
+        core_->Submit(Spec("r" + std::to_string(i), Prompt(lengths[i], i + 1), 20), out[i].Events())
+            .ok());
+  }
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    const RequestOutcome o = out[i].Wait();
+    EXPECT_TRUE(o.status.ok()) << o.status;
+    EXPECT_EQ(o.finish, Finish::kLength);
+    EXPECT_EQ(o.computed_tokens, lengths[i]);
+    EXPECT_EQ(o.completion_tokens, 20);
+    EXPECT_EQ(out[i].tokens, Reference(Prompt(lengths[i], i + 1), 20)) << i;
+  }
+  EXPECT_EQ(engine_->kv_pool().free_pages(), 64);
+  EXPECT_GT(core_->stats().steps, 20);
+}
+
+TEST_F(WorkerCoreTest, SwapWithoutACacheRecomputesAndKeepsOutputs) {
+  // 6 pages; three sequences of 100 + 120 tokens need 12.
+  Make(6);
+  std::vector<Collector> out(3);
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(
+        core_->Submit(Spec("s" + std::to_string(i), Prompt(100, 40 + i), 120), out[i].Events())
+            .ok());
+  }
+  for (int i = 0; i < 3; ++i) {
+    const RequestOutcome o = out[i].Wait();
+    EXPECT_TRUE(o.status.ok()) << o.status;
+    EXPECT_EQ(out[i].tokens, Reference(Prompt(100, 40 + i), 120)) << i;
+  }
+  const WorkerStats stats = core_->stats();
+  EXPECT_GT(stats.swapped_out, 0);
+  EXPECT_EQ(stats.swapped_in, stats.swapped_out);
+  EXPECT_EQ(stats.recomputed_swaps, stats.swapped_out);
+  EXPECT_EQ(engine_->kv_pool().free_pages(), 6);
+}
+
+TEST_F(WorkerCoreTest, RefusesBadRequests) {
+  Make(4, {.max_queued = 1});
+  Collector c;
+  EXPECT_EQ(core_->Submit(Spec("a", {}, 4), c.Events()).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(core_->Submit(Spec("b", {1, 2, 200000}, 4), c.Events()).code(),
+            absl::StatusCode::kInvalidArgument);
+  RequestSpec decode = Spec("c", {1, 2, 3}, 4);
+  decode.kind = RequestKind::kDecode;  // without first_token
+  EXPECT_EQ(core_->Submit(decode, c.Events()).code(), absl::StatusCode::kInvalidArgument);
+  // 4 pages of 64 tokens cannot hold a 300-token prompt.
+  EXPECT_EQ(core_->Submit(Spec("d", Prompt(300, 1), 4), c.Events()).code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(core_->Submit(Spec("e", Prompt(3000, 1), 4), c.Events()).code(),
+            absl::StatusCode::kInvalidArgument);  // past the context limit (2048)
+  Collector long_running, dup;
+  ASSERT_TRUE(core_->Submit(Spec("f", Prompt(10, 1), 100000), long_running.Events()).ok());
+  EXPECT_EQ(core_->Submit(Spec("f", Prompt(10, 1), 4), dup.Events()).code(),
+            absl::StatusCode::kInvalidArgument);
+  core_->Cancel("f");
+  long_running.Wait();
+  core_->Stop();
+  EXPECT_EQ(core_->Submit(Spec("g", Prompt(10, 1), 4), c.Events()).code(),
+            absl::StatusCode::kUnavailable);
+  EXPECT_FALSE(c.done.has_value());  // refused requests get no callbacks
+}
+
+TEST_F(WorkerCoreTest, CancelAndStopEndRequestsAndFreePages) {
+  Make(8);
+  Collector a, b;
+  ASSERT_TRUE(core_->Submit(Spec("a", Prompt(50, 1), 100000), a.Events()).ok());
+  ASSERT_TRUE(core_->Submit(Spec("b", Prompt(50, 2), 100000), b.Events()).ok());
+  for (int i = 0; i < 2000 && a.TokenCount() < 3; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_TRUE(core_->Cancel("a"));
+  const RequestOutcome oa = a.Wait();
+  EXPECT_EQ(oa.finish, Finish::kCancelled);
+  EXPECT_EQ(oa.status.code(), absl::StatusCode::kCancelled);
+  EXPECT_FALSE(core_->Cancel("a"));  // gone
+  core_->Stop();
+  const RequestOutcome ob = b.Wait();
+  EXPECT_EQ(ob.finish, Finish::kError);
+  EXPECT_EQ(ob.status.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(engine_->kv_pool().free_pages(), 8);
+}
+
+TEST_F(WorkerCoreTest, LoadReportsQueueAndPages) {
+  Make(8);
+  const v1::WorkerLoad idle = core_->Load();
+  EXPECT_EQ(idle.total_kv_pages(), 8u);
+  EXPECT_EQ(idle.free_kv_pages(), 8u);
+  Collector a;
+  ASSERT_TRUE(core_->Submit(Spec("a", Prompt(100, 1), 100000), a.Events()).ok());
+  for (int i = 0; i < 2000 && a.TokenCount() < 5; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  const v1::WorkerLoad busy = core_->Load();
+  EXPECT_EQ(busy.running_requests(), 1u);
+  EXPECT_LT(busy.free_kv_pages(), 8u);
+  EXPECT_GT(busy.running_tokens(), 100u);
+  EXPECT_GT(busy.decode_step_ms(), 0);
+  core_->Cancel("a");
+  a.Wait();
+}
+
+}  // namespace
+}  // namespace strata::worker
