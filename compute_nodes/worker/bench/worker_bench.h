@@ -40,7 +40,11 @@ struct WorkerBenchOptions {
 
 // The JSON of docs/benchmarks.md: "ratios.ttft_cached_vs_cold_8k", "ttft_ms.{cold,cached}"
 // (medians, plus the per-repeat samples), "prefill_tokens_per_s", "decode_tokens_per_s.{N}",
-// "cached_tokens", "computed_tokens" (of the cached run), "model", "machine", "options".
+// "cached_tokens", "computed_tokens" (of the cached run), "model", "machine", "options"; and,
+// to explain the ratio: "ttft_ms.fetch_cached_prefix" (fetching and verifying the cached blocks
+// alone), "ttft_ms.computed_part_without_context" (a fresh prompt as long as the computed part),
+// "ttft_cpu_ms" and "ratios.ttft_cpu_cached_vs_cold_8k" (process CPU time from submit to the
+// first token: steadier than wall time on a shared machine).
 absl::StatusOr<nlohmann::json> RunWorkerBench(const WorkerBenchOptions& options);
 
 // The small human-readable table of a result (with PASS/MISS against the TTFT ratio target).

@@ -42,6 +42,8 @@ TEST(BenchWorkerTest, JsonHasTheFiguresAndTheCachedRunComputesOnlyTheTail) {
             j["ratios"]["ttft_cached_vs_cold_8k"].get<double>() <= 0.15);
   EXPECT_NEAR(j["prefill_tokens_per_s"].get<double>(), 512 / (cold / 1000), 1e-6);
   EXPECT_GT(j["ttft_ms"]["fetch_cached_prefix"].get<double>(), 0);
+  EXPECT_GT(j["ttft_cpu_ms"]["cold"].get<double>(), 0);
+  EXPECT_GT(j["ttft_cpu_ms"]["cached"].get<double>(), 0);
 
   ASSERT_TRUE(j["decode_tokens_per_s"].contains("1"));
   ASSERT_TRUE(j["decode_tokens_per_s"].contains("2"));
