@@ -451,9 +451,9 @@ std::string FormatWorkerBench(const json& r) {
                             StrCat("TTFT cached (", r["cached_tokens"].get<int64_t>(), " cached, ",
                                    r["computed_tokens"].get<int64_t>(), " computed)"),
                             t["cached"].get<double>()));
-  StrAppend(&out, absl::StrFormat("%-44s %10.1f ms\n", "  of which: fetch of the cached prefix",
+  StrAppend(&out, absl::StrFormat("%-44s %10.1f ms\n", "  fetching the cached prefix alone",
                                   t["fetch_cached_prefix"].get<double>()));
-  StrAppend(&out, absl::StrFormat("%-44s %10.1f ms\n", "  same token count, no context before it",
+  StrAppend(&out, absl::StrFormat("%-44s %10.1f ms\n", "  computing as many tokens, no context",
                                   t["computed_part_without_context"].get<double>()));
   StrAppend(&out, absl::StrFormat("%-44s %10.0f tok/s\n", "prefill (cold)",
                                   r["prefill_tokens_per_s"].get<double>()));
