@@ -107,6 +107,7 @@ absl::Status WorkerServer::Start() {
     node.mutable_kv_format()->set_rope_dim(
         static_cast<uint32_t>(engine_->config().qk_rope_head_dim));
     node.set_total_kv_pages(static_cast<uint32_t>(options_.kv_pages));
+    node.set_model_fingerprint(std::string(fingerprint.View()));
     scheduler_ = std::make_unique<SchedulerLink>(
         SchedulerLinkOptions{.address = options_.scheduler_address,
                              .node = std::move(node),

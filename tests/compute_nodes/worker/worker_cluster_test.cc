@@ -19,6 +19,7 @@
 #include "compute_nodes/model/make_random.h"
 #include "compute_nodes/model/weights.h"
 #include "compute_nodes/runtime/generate.h"
+#include "compute_nodes/tokenizer/tokenizer.h"
 #include "strata/v1/worker.grpc.pb.h"
 #include "tests/util/child_process.h"
 #include "tests/util/http_get.h"
@@ -31,6 +32,7 @@ using testing_util::ChildProcess;
 
 struct Stream {
   std::vector<int32_t> tokens;
+  std::string text;
   v1::TokenChunk last;
   grpc::Status status;
   int chunks = 0;
@@ -61,15 +63,34 @@ class WorkerClusterTest : public testing::TestWithParam<std::string> {
     return dir;
   }
 
-  std::unique_ptr<ChildProcess> StartCache(const std::string& name = "cache") {
+  // `shm`: the cache also serves its DRAM arena over a unix socket, so same-host workers map it.
+  std::unique_ptr<ChildProcess> StartCache(bool shm = false, const std::string& name = "cache",
+                                           std::vector<std::string> extra = {}) {
     auto p = std::make_unique<ChildProcess>();
     const std::string data = dir_ + "/" + name;
     std::filesystem::create_directories(data);
-    p->Start({testing_util::StrataBinaryPath(), "cache", "--set", "cache.listen=127.0.0.1:0",
-              "--set", "cache.http_listen=", "--set", "cache.transfer_listen=127.0.0.1:0", "--set",
-              "cache.data_dir=" + data, "--set", "cache.slot_bytes=512KiB", "--set",
-              "cache.dram.capacity=96MiB", "--set", "log.level=warn"},
-             data + "/ready");
+    std::vector<std::string> args = {testing_util::StrataBinaryPath(),
+                                     "cache",
+                                     "--set",
+                                     "cache.listen=127.0.0.1:0",
+                                     "--set",
+                                     "cache.http_listen=",
+                                     "--set",
+                                     "cache.transfer_listen=127.0.0.1:0",
+                                     "--set",
+                                     "cache.data_dir=" + data,
+                                     "--set",
+                                     "cache.slot_bytes=512KiB",
+                                     "--set",
+                                     "cache.dram.capacity=96MiB",
+                                     "--set",
+                                     "log.level=warn"};
+    if (shm) extra.push_back("cache.shm_socket=" + data + "/shm.sock");
+    for (auto& e : extra) {
+      args.push_back("--set");
+      args.push_back(std::move(e));
+    }
+    p->Start(std::move(args), data + "/ready");
     return p;
   }
 
@@ -131,6 +152,7 @@ class WorkerClusterTest : public testing::TestWithParam<std::string> {
     while (reader->Read(&chunk)) {
       ++s.chunks;
       for (uint32_t t : chunk.tokens()) s.tokens.push_back(static_cast<int32_t>(t));
+      s.text += chunk.text();
       s.last = chunk;
     }
     s.status = reader->Finish();
@@ -210,10 +232,43 @@ TEST_P(WorkerClusterTest, CombinedWorkerMatchesTheReference) {
   EXPECT_EQ(s.last.usage().completion_tokens(), 16u);
   EXPECT_EQ(s.last.usage().cached().total(), 0u);
   EXPECT_GT(s.last.usage().ttft_ms(), 0);
+  // With the model's tokenizer the chunks carry the text, split only between whole characters.
+  if (std::filesystem::exists(model_dir_ + "/tokenizer.json")) {
+    auto tok = tokenizer::Tokenizer::Load(model_dir_);
+    ASSERT_TRUE(tok.ok()) << tok.status();
+    EXPECT_EQ(s.text, (*tok)->Decode(s.tokens));
+    EXPECT_FALSE(s.text.empty());
+  }
 }
 
+// A cache plan may name another host's cache server: the blocks come from there ("remote").
+TEST_P(WorkerClusterTest, BlocksFromTheCacheServerThePlanNames) {
+  auto near = StartCache(false, "near");
+  auto far = StartCache(false, "far");
+  auto writer = StartWorker("writer", "both", far->grpc_address());
+  auto reader = StartWorker("reader", "both", near->grpc_address());
+  const auto prompt = Prompt(300, 40);
+  auto wstub = Stub(*writer);
+  v1::PrefillResponse pre;
+  ASSERT_TRUE(Prefill(*wstub, prompt, &pre).ok());
+  ASSERT_EQ(pre.block_keys_size(), 4);
+
+  grpc::ClientContext ctx;
+  v1::GenerateRequest req;
+  SetPrompt(&req, prompt);
+  *req.mutable_sampling() = Greedy(8);
+  req.mutable_cache()->set_cache_address(far->grpc_address());
+  auto rstub = Stub(*reader);
+  const Stream s = ReadStream(rstub->Generate(&ctx, req).get());
+  ASSERT_TRUE(s.status.ok()) << s.status.error_message();
+  EXPECT_EQ(s.last.usage().cached().total(), 256u);
+  EXPECT_EQ(s.last.usage().cached().remote(), 256u);
+  EXPECT_EQ(s.tokens, Reference(prompt, 8));
+}
+
+// Over shm: the cache server is on the same host and serves its arena on a unix socket.
 TEST_P(WorkerClusterTest, PrefillThroughTheCacheToDecode) {
-  auto cache = StartCache();
+  auto cache = StartCache(/*shm=*/true);
   auto prefill = StartWorker("prefill-0", "prefill", cache->grpc_address());
   auto decode = StartWorker("decode-0", "decode", cache->grpc_address());
   const auto prompt = Prompt(150, 2);
@@ -235,6 +290,8 @@ TEST_P(WorkerClusterTest, PrefillThroughTheCacheToDecode) {
   ASSERT_TRUE(s.status.ok()) << s.status.error_message();
   EXPECT_EQ(s.tokens, Reference(prompt, 16));
   EXPECT_EQ(s.last.usage().cached().total(), 128u);  // the decode worker loaded both blocks
+  EXPECT_GT(Metric(*decode, "strata_cache_client_bytes_total", "transport=\"shm\""), 0);
+  EXPECT_EQ(Metric(*decode, "strata_cache_client_bytes_total", "transport=\"tcp\""), 0);
 
   // Roles are enforced.
   v1::PrefillResponse refused;
@@ -347,6 +404,33 @@ TEST_P(WorkerClusterTest, CacheServerKilledDuringAFetchMeansRecomputation) {
   const Stream again = Generate(*rstub, Prompt(70, 22), 4);
   EXPECT_TRUE(again.status.ok()) << again.status.error_message();
   EXPECT_EQ(again.tokens, Reference(Prompt(70, 22), 4));
+}
+
+// A cache server restarted on the same data directory serves from SSD (DRAM residency is gone);
+// the worker reconnects on its own and counts those tokens as SSD hits.
+TEST_P(WorkerClusterTest, RestartedCacheServerServesFromSsd) {
+  const std::vector<std::string> ssd = {"cache.ssd.capacity=64MiB", "cache.ssd.slots_per_file=64"};
+  auto cache = StartCache(false, "cache", ssd);
+  auto w = StartWorker("both-0", "both", cache->grpc_address());
+  auto stub = Stub(*w);
+  const auto prompt = Prompt(200, 50);
+  v1::PrefillResponse pre;
+  ASSERT_TRUE(Prefill(*stub, prompt, &pre).ok());
+  ASSERT_EQ(pre.block_keys_size(), 3);
+  cache->Kill(SIGTERM);
+  std::vector<std::string> again = ssd;
+  again.push_back("cache.listen=" + cache->grpc_address());
+  cache = StartCache(false, "cache", again);
+  Stream s;
+  for (int attempt = 0; attempt < 20; ++attempt) {  // until the worker has reconnected
+    s = Generate(*stub, prompt, 8);
+    ASSERT_TRUE(s.status.ok()) << s.status.error_message();
+    if (s.last.usage().cached().total() > 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
+  EXPECT_EQ(s.last.usage().cached().total(), 192u);
+  EXPECT_EQ(s.last.usage().cached().ssd(), 192u);
+  EXPECT_EQ(s.tokens, Reference(prompt, 8));
 }
 
 TEST_P(WorkerClusterTest, DecodeWorkerKilledMidStreamIsAClearError) {
