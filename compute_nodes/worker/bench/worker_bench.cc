@@ -34,7 +34,7 @@ using json = nlohmann::json;
 constexpr int64_t kMinContext = 16384;  // the bench model's context (the preset has 2048)
 
 // CPU time of the whole process (engine, loader, cache client and the in-process cache server):
-// unlike wall time, it hardly moves when other processes load the machine.
+// unlike wall time, it does not count time lost to other processes on a shared machine.
 double ProcessCpuMs() {
   timespec ts{};
   clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);

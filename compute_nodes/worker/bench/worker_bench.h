@@ -44,7 +44,7 @@ struct WorkerBenchOptions {
 // to explain the ratio: "ttft_ms.fetch_cached_prefix" (fetching and verifying the cached blocks
 // alone), "ttft_ms.computed_part_without_context" (a fresh prompt as long as the computed part),
 // "ttft_cpu_ms" and "ratios.ttft_cpu_cached_vs_cold_8k" (process CPU time from submit to the
-// first token: steadier than wall time on a shared machine).
+// first token: this process's work only, not time lost to other processes on a shared machine).
 absl::StatusOr<nlohmann::json> RunWorkerBench(const WorkerBenchOptions& options);
 
 // The small human-readable table of a result (with PASS/MISS against the TTFT ratio target).
