@@ -10,6 +10,7 @@
 
 #include "common/checksum.h"
 #include "common/grpc_status.h"
+#include "common/host.h"
 #include "common/metrics.h"
 #include "common/status.h"
 #include "common/strings.h"
@@ -98,12 +99,6 @@ std::string KeyBytes(const BlockKey& key) { return std::string(key.View()); }
 
 bool IsZero(const BlockKey& key) {
   return std::all_of(key.bytes.begin(), key.bytes.end(), [](uint8_t b) { return b == 0; });
-}
-
-std::string HostName() {
-  char name[256] = {};
-  gethostname(name, sizeof(name) - 1);
-  return name;
 }
 
 // The peer's transfer endpoints as the engine wants them.
