@@ -6,6 +6,12 @@
 
 namespace strata::runtime {
 
+void Sampler::SkipOne() {
+  if (params_.temperature <= 0.0f || params_.top_k == 1) return;  // greedy draws nothing
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  u(rng_);
+}
+
 int32_t Sampler::Sample(std::span<const float> logits) {
   const int64_t v = static_cast<int64_t>(logits.size());
   if (params_.temperature <= 0.0f || params_.top_k == 1) {

@@ -29,6 +29,10 @@ class Sampler {
  public:
   explicit Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {}
   int32_t Sample(std::span<const float> logits);
+  // Advances the random stream exactly as one Sample() would, without sampling: a decode worker
+  // continuing a sequence whose first token was drawn elsewhere (the prefill worker) stays on the
+  // same stream as a single worker would.
+  void SkipOne();
 
  private:
   SamplingParams params_;

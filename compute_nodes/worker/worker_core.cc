@@ -131,7 +131,10 @@ absl::Status WorkerCore::Submit(RequestSpec spec, RequestEvents events) {
   auto seq = std::make_shared<Sequence>(std::move(spec), std::move(events), next_serial_++);
   seq->tokens = seq->spec.prompt;
   seq->prompt_len = n;
-  if (seq->spec.kind == RequestKind::kDecode) seq->tokens.push_back(seq->spec.first_token);
+  if (seq->spec.kind == RequestKind::kDecode) {
+    seq->tokens.push_back(seq->spec.first_token);
+    seq->sampler.SkipOne();  // the prefill worker drew the first token from this stream
+  }
   seq->outcome.prompt_tokens = n;
   by_id_[seq->spec.id] = seq;
   waiting_.push_back(seq);

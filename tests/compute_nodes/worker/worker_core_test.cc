@@ -144,6 +144,29 @@ TEST_F(WorkerCoreTest, SwapWithoutACacheRecomputesAndKeepsOutputs) {
   EXPECT_EQ(engine_->kv_pool().free_pages(), 6);
 }
 
+// A decode request continuing from a first token drawn elsewhere samples the same seeded stream
+// as one request that did both.
+TEST_F(WorkerCoreTest, SeededSamplingSurvivesTheHandOver) {
+  Make(16);
+  RequestSpec whole = Spec("whole", Prompt(90, 8), 24);
+  whole.sampling.temperature = 0.9f;
+  whole.sampling.top_k = 50;
+  whole.sampling.seed = 1234;
+  Collector a;
+  ASSERT_TRUE(core_->Submit(whole, a.Events()).ok());
+  ASSERT_TRUE(a.Wait().status.ok());
+  ASSERT_EQ(a.tokens.size(), 24u);
+
+  RequestSpec decode = whole;
+  decode.id = "decode";
+  decode.kind = RequestKind::kDecode;
+  decode.first_token = a.tokens[0];
+  Collector b;
+  ASSERT_TRUE(core_->Submit(decode, b.Events()).ok());
+  ASSERT_TRUE(b.Wait().status.ok());
+  EXPECT_EQ(b.tokens, a.tokens);
+}
+
 TEST_F(WorkerCoreTest, RefusesBadRequests) {
   Make(4, {.max_queued = 1});
   Collector c;
