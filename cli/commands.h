@@ -35,6 +35,9 @@ void RegisterBenchStoreCommand(CLI::App& app);     // strata bench store
 void RegisterModelCommand(CLI::App& app);          // strata model make-random | logits
 void RegisterGenerateCommand(CLI::App& app);       // strata generate
 
+// strata scheduler (the global scheduler daemon and OpenAI gateway, scheduler/server/)
+void RegisterSchedulerServeCommand(CLI::App& app);
+
 // strata tokenize (compute_nodes/tokenizer)
 void RegisterTokenizeCommand(CLI::App& app);
 
