@@ -37,6 +37,8 @@ void RegisterGenerateCommand(CLI::App& app);       // strata generate
 
 // strata scheduler (the global scheduler daemon and OpenAI gateway, scheduler/server/)
 void RegisterSchedulerServeCommand(CLI::App& app);
+// strata admin scheduler nodes|drain|policy|index
+void RegisterAdminSchedulerCommand(CLI::App& app);
 
 // strata tokenize (compute_nodes/tokenizer)
 void RegisterTokenizeCommand(CLI::App& app);

@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   strata::cli::RegisterWorkerCommand(app);
   strata::cli::RegisterSchedulerCommands(app);
   strata::cli::RegisterSchedulerServeCommand(app);
+  strata::cli::RegisterAdminSchedulerCommand(app);
   strata::cli::RegisterTokenizeCommand(app);
   strata::cli::RegisterModelCommand(app);
   strata::cli::RegisterGenerateCommand(app);

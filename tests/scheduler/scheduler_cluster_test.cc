@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <thread>
@@ -233,10 +234,13 @@ TEST_F(SchedulerClusterTest, RequestsSurviveAWorkerCrash) {
 
 TEST_F(SchedulerClusterTest, CommandServes) {
   auto cache = StartCache();
+  const std::string token_file = dir_ + "/admin.token";
+  std::ofstream(token_file) << "tok-123\n";
   ChildProcess sched;
   sched.Start({testing_util::StrataBinaryPath(), "scheduler", "--model", model_dir_, "--set",
                "scheduler.listen=127.0.0.1:0", "--set", "scheduler.http_listen=127.0.0.1:0",
-               "--set", "scheduler.heartbeat_interval=500ms", "--set", "log.level=warn"},
+               "--set", "scheduler.heartbeat_interval=500ms", "--set",
+               "cluster.admin_token_file=" + token_file, "--set", "log.level=warn"},
               dir_ + "/scheduler.ready");
   auto worker = StartWorker("worker-0", "both", cache->grpc_address(), sched.grpc_address());
   const uint16_t port = static_cast<uint16_t>(sched.http_port());
@@ -250,6 +254,27 @@ TEST_F(SchedulerClusterTest, CommandServes) {
   }
   ASSERT_EQ(reply.status, 200) << reply.body;
   EXPECT_FALSE(Json::parse(reply.body)["choices"][0]["text"].get<std::string>().empty());
+
+  // strata admin scheduler: the token is required; nodes, policy, index.
+  const std::string admin =
+      "admin scheduler -a " + sched.grpc_address() + " --token-file " + token_file + " ";
+  auto nodes = testing_util::RunStrata(admin + "nodes --json", testing_util::Stderr::kDiscard);
+  ASSERT_EQ(nodes.exit_code, 0) << nodes.output;
+  const Json list = Json::parse(nodes.output);
+  ASSERT_EQ(list["nodes"].size(), 1u) << nodes.output;
+  EXPECT_EQ(list["nodes"][0]["node"]["nodeId"], "worker-0");
+  EXPECT_EQ(list["nodes"][0]["alive"], true);
+  EXPECT_EQ(list["policy"], "strata");
+  auto policy = testing_util::RunStrata(admin + "policy --set round_robin");
+  EXPECT_EQ(policy.exit_code, 0) << policy.output;
+  EXPECT_NE(policy.output.find("strata -> round_robin"), std::string::npos) << policy.output;
+  auto index = testing_util::RunStrata(admin + "index");
+  EXPECT_EQ(index.exit_code, 0) << index.output;
+  const std::string wrong = dir_ + "/wrong.token";
+  std::ofstream(wrong) << "nope\n";
+  auto refused = testing_util::RunStrata("admin scheduler -a " + sched.grpc_address() +
+                                         " --token-file " + wrong + " nodes");
+  EXPECT_EQ(refused.exit_code, 3) << refused.output;
   sched.Kill(SIGTERM);
 }
 
