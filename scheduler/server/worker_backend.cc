@@ -219,6 +219,15 @@ void WorkerBackend::Run(const CompletionRequest& request, Call& call) {
     }
     std::optional<WorkerNode> prefill = directory_->Get(placement->prefill);
     std::optional<WorkerNode> decode = directory_->Get(placement->decode);
+    if (prefill.has_value() && decode.has_value() && prefill->index != decode->index &&
+        prefill->role == v1::ROLE_BOTH) {
+      // A node that serves both runs the whole request: no block handoff through the cache.
+      const uint64_t context_tokens = preq.prompt_tokens + preq.max_output_tokens;
+      scheduler_->load().FinishDecode(placement->decode, context_tokens);
+      scheduler_->load().AddDecode(placement->prefill, context_tokens);
+      placement->decode = placement->prefill;
+      decode = prefill;
+    }
     Attempt result;
     if (!prefill.has_value() || !decode.has_value()) {
       result.status = absl::UnavailableError("the placed node is not a known worker");

@@ -4,7 +4,8 @@
 // One request: render the chat template (or take the completion prompt) and tokenize; name the
 // prompt's blocks as the workers do (MakeNamespace(model fingerprint the workers reported,
 // bf16/block_tokens, cache_salt) → ComputeBlockKeys); Scheduler::Decide; then
-//   - prefill node == decode node: Worker.Generate on it;
+//   - prefill node == decode node, or the prefill node serves both roles: Worker.Generate on it
+//     (the decode booking moves there; no block handoff through the cache);
 //   - otherwise Worker.Prefill on the prefill node, then Worker.Decode on the decode node with the
 //     block keys the prefill published (and the prefill node's cache server when the decode node
 //     uses another one).

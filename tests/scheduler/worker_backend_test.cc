@@ -299,6 +299,27 @@ TEST_F(WorkerBackendTest, PrefillThenDecodeHandsTheBlocksOver) {
   EXPECT_EQ(dr.cache().namespace_id(), p.last_prefill.cache().namespace_id());
 }
 
+TEST_F(WorkerBackendTest, ANodeServingBothRolesRunsTheWholeRequest) {
+  ScriptedWorker both, decode_only;
+  AddNode("both", v1::ROLE_BOTH, both);
+  AddNode("decode", v1::ROLE_DECODE, decode_only);
+  // Round robin puts the second request's decode on `decode`; `both` keeps it.
+  for (int i = 0; i < 2; ++i) {
+    auto sink = Run(Prompt("hello"));
+    ASSERT_TRUE(sink->status().ok()) << sink->status();
+  }
+  {
+    std::lock_guard<std::mutex> lb(both.mu);
+    std::lock_guard<std::mutex> ld(decode_only.mu);
+    EXPECT_EQ(both.generate_calls, 2);
+    EXPECT_EQ(both.prefill_calls + decode_only.decode_calls, 0);
+  }
+  for (const NodeView& v : scheduler_->load().Snapshot()) {
+    EXPECT_EQ(v.outstanding.decode_requests, 0u) << v.id;
+    EXPECT_EQ(v.outstanding.decode_tokens, 0u) << v.id;
+  }
+}
+
 TEST_F(WorkerBackendTest, AFailureBeforeTextIsRetriedElsewhere) {
   ScriptedWorker bad, good;
   bad.stream = [](grpc::ServerContext*, grpc::ServerWriter<v1::TokenChunk>*) {
