@@ -1,19 +1,15 @@
 #include "cache_service/cache_server.h"
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
-#include <unistd.h>
 
+#include "common/host.h"
 #include "common/status.h"
 #include "spdlog/spdlog.h"
 
 namespace strata::cache {
 
 CacheServer::CacheServer(CacheServerOptions options) : options_(std::move(options)) {
-  if (options_.host_id.empty()) {
-    char name[256] = {};
-    gethostname(name, sizeof(name) - 1);
-    options_.host_id = name;
-  }
+  if (options_.host_id.empty()) options_.host_id = HostName();
 }
 
 CacheServer::~CacheServer() { Shutdown(); }

@@ -770,6 +770,8 @@ absl::Status StoreImpl::Lookup(const v1::LookupRequest& req, v1::LookupResponse*
       if (ssd_) ++ssd_counters_.misses;
     }
   }
+  std::vector<bool> from_ssd(hits, false);
+  for (const auto& p : promotions) from_ssd[p.index] = true;
   // Promote SSD hits: one batched read straight into the arena slots, every checksum verified.
   size_t valid = hits;
   std::vector<bool> promoted_ok(promotions.size(), false);
@@ -849,6 +851,7 @@ absl::Status StoreImpl::Lookup(const v1::LookupRequest& req, v1::LookupResponse*
       loc->set_segment("ssd");
       loc->set_offset(uint64_t{*e.rec.ssd_slot} * options_.slot_bytes);
     }
+    loc->set_found_in(from_ssd[i] ? v1::TIER_SSD : loc->tier());
   }
   resp->set_hit_blocks(static_cast<uint32_t>(resp->locations_size()));
   metrics_->hits.Labels({"all"}).Increment(resp->hit_blocks());

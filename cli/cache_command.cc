@@ -83,16 +83,7 @@ void RegisterCacheCommand(CLI::App& app) {
   cmd->add_option("--ready-file", *ready_file,
                   "Write 'grpc=PORT http=PORT' here once serving (for scripts and tests)");
   cmd->callback([flags, ready_file] {
-    StrataConfig config;
-    ConfigSchema schema;
-    config.Register(schema);
-    if (absl::Status st = schema.Load({.file = flags->file, .overrides = flags->overrides});
-        !st.ok()) {
-      Fail(2, StrCat("config: ", st.message()));
-    }
-    if (absl::Status st = InitLogging(config.log.ToOptions("cache")); !st.ok()) {
-      Fail(2, StrCat("logging: ", st.message()));
-    }
+    const StrataConfig config = LoadDaemonConfig(*flags, "cache");
     auto options = ToServerOptions(config);
     if (!options.ok()) Fail(2, StrCat("config: ", options.status().message()));
     const sigset_t signals = BlockTerminationSignals();

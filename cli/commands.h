@@ -32,6 +32,7 @@ void RegisterAdminCacheCommand(CLI::App& app);     // strata admin cache ...
 void RegisterSchedulerCommands(CLI::App& app);     // strata bench replay (scheduler/)
 void RegisterBenchTransferCommand(CLI::App& app);  // strata bench transfer
 void RegisterBenchStoreCommand(CLI::App& app);     // strata bench store
+void RegisterBenchWorkerCommand(CLI::App& app);    // strata bench worker
 void RegisterModelCommand(CLI::App& app);          // strata model make-random | logits
 void RegisterGenerateCommand(CLI::App& app);       // strata generate
 

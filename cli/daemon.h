@@ -14,10 +14,33 @@
 #include <fstream>
 #include <string>
 #include <thread>
+#include <vector>
 
+#include "cli/commands.h"
+#include "cli/strata_config.h"
+#include "common/strings.h"
 #include "spdlog/spdlog.h"
 
 namespace strata::cli {
+
+// Loads the configuration (file, environment, --set flags, then `extra` overrides that a
+// command's own flags stand for) and starts logging as `component`. Exits with code 2 when the
+// configuration is bad.
+inline StrataConfig LoadDaemonConfig(const ConfigFlags& flags, const std::string& component,
+                                     const std::vector<std::string>& extra = {}) {
+  StrataConfig config;
+  ConfigSchema schema;
+  config.Register(schema);
+  std::vector<std::string> overrides = flags.overrides;
+  overrides.insert(overrides.end(), extra.begin(), extra.end());
+  if (absl::Status st = schema.Load({.file = flags.file, .overrides = overrides}); !st.ok()) {
+    Fail(2, StrCat("config: ", st.message()));
+  }
+  if (absl::Status st = InitLogging(config.log.ToOptions(component)); !st.ok()) {
+    Fail(2, StrCat("logging: ", st.message()));
+  }
+  return config;
+}
 
 inline sigset_t BlockTerminationSignals() {
   sigset_t signals;

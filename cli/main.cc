@@ -24,6 +24,7 @@ int main(int argc, char** argv) {
   strata::cli::RegisterAdminCacheCommand(app);
   strata::cli::RegisterBenchTransferCommand(app);
   strata::cli::RegisterBenchStoreCommand(app);
+  strata::cli::RegisterBenchWorkerCommand(app);
 #if STRATA_WITH_CUDA
   strata::cli::RegisterBenchKernelsCommand(app);
 #endif

@@ -10,6 +10,7 @@
 #include <optional>
 
 #include "cli/commands.h"
+#include "cli/generate_remote.h"
 #include "common/file_util.h"
 #include "common/strings.h"
 #include "compute_nodes/backend/cpu/cpu_engine.h"
@@ -132,6 +133,7 @@ void RegisterGenerateCommand(CLI::App& app) {
     std::vector<std::string> stops;
     runtime::SamplingParams sampling;
     int64_t chunk = 256;
+    std::string worker, prefill, decode, cache_salt;
   };
   auto a = std::make_shared<Args>();
   CLI::App* gen = app.add_subcommand("generate", "Generate tokens from a prompt");
@@ -147,8 +149,17 @@ void RegisterGenerateCommand(CLI::App& app) {
   gen->add_option("--stop", a->stops, "Stop once the output text contains this (with --prompt)");
   gen->add_option("--prefill-chunk", a->chunk, "Prefill chunk tokens")->default_val(256);
   gen->add_option("--backend", a->backend, "cpu")->default_val("cpu");
+  gen->add_option("--worker", a->worker, "Run on this worker daemon (gRPC host:port) instead");
+  gen->add_option("--prefill", a->prefill, "Prefill on this worker daemon, then --decode");
+  gen->add_option("--decode", a->decode, "Decode on this worker daemon (after --prefill)");
+  gen->add_option("--cache-salt", a->cache_salt, "Tenant salt of the KV namespace (workers)");
   gen->callback([a] {
-    CheckBackend(a->backend);
+    const bool remote = !a->worker.empty() || !a->prefill.empty() || !a->decode.empty();
+    if (remote &&
+        (a->worker.empty() == a->prefill.empty() || a->prefill.empty() != a->decode.empty())) {
+      Fail(2, "give --worker, or both --prefill and --decode");
+    }
+    if (!remote) CheckBackend(a->backend);
     if (a->prompt.empty() == a->prompt_ids.empty()) {
       Fail(2, "give exactly one of --prompt, --prompt-ids");
     }
@@ -169,6 +180,16 @@ void RegisterGenerateCommand(CLI::App& app) {
       };
     } else {
       prompt = ParseIds(a->prompt_ids, "");
+    }
+    if (remote) {
+      // The model directory only provides the tokenizer here; the workers hold the model.
+      RunRemoteGenerate({.worker = a->worker,
+                         .prefill = a->prefill,
+                         .decode = a->decode,
+                         .prompt = prompt,
+                         .sampling = a->sampling,
+                         .cache_salt = a->cache_salt});
+      return;
     }
     auto engine =
         OpenCpuEngine(a->dir, static_cast<int64_t>(prompt.size()) + a->sampling.max_tokens);

@@ -61,17 +61,9 @@ void RegisterSchedulerServeCommand(CLI::App& app) {
   cmd->add_option("--ready-file", *ready_file,
                   "Write 'grpc=PORT http=PORT' here once serving (for scripts and tests)");
   cmd->callback([flags, ready_file, model] {
-    StrataConfig config;
-    ConfigSchema schema;
-    config.Register(schema);
-    std::vector<std::string> overrides = flags->overrides;
-    if (!model->empty()) overrides.push_back("scheduler.model=" + *model);
-    if (absl::Status st = schema.Load({.file = flags->file, .overrides = overrides}); !st.ok()) {
-      Fail(2, StrCat("config: ", st.message()));
-    }
-    if (absl::Status st = InitLogging(config.log.ToOptions("scheduler")); !st.ok()) {
-      Fail(2, StrCat("logging: ", st.message()));
-    }
+    std::vector<std::string> extra;
+    if (!model->empty()) extra.push_back("scheduler.model=" + *model);
+    const StrataConfig config = LoadDaemonConfig(*flags, "scheduler", extra);
     auto options = ToSchedulerOptions(config);
     if (!options.ok()) Fail(2, StrCat("config: ", options.status().message()));
     const sigset_t signals = BlockTerminationSignals();

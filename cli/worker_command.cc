@@ -68,18 +68,10 @@ void RegisterWorkerCommand(CLI::App& app) {
   cmd->add_option("--ready-file", *ready_file,
                   "Write 'grpc=PORT http=PORT' here once serving (for scripts and tests)");
   cmd->callback([flags, ready_file, role, model] {
-    StrataConfig config;
-    ConfigSchema schema;
-    config.Register(schema);
-    std::vector<std::string> overrides = flags->overrides;
-    if (!role->empty()) overrides.push_back("worker.role=" + *role);
-    if (!model->empty()) overrides.push_back("worker.model=" + *model);
-    if (absl::Status st = schema.Load({.file = flags->file, .overrides = overrides}); !st.ok()) {
-      Fail(2, StrCat("config: ", st.message()));
-    }
-    if (absl::Status st = InitLogging(config.log.ToOptions("worker")); !st.ok()) {
-      Fail(2, StrCat("logging: ", st.message()));
-    }
+    std::vector<std::string> extra;
+    if (!role->empty()) extra.push_back("worker.role=" + *role);
+    if (!model->empty()) extra.push_back("worker.model=" + *model);
+    const StrataConfig config = LoadDaemonConfig(*flags, "worker", extra);
     auto options = ToWorkerOptions(config);
     if (!options.ok()) Fail(2, StrCat("config: ", options.status().message()));
     const sigset_t signals = BlockTerminationSignals();

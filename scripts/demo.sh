@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The main job: installs what is missing, builds Strata and shows what runs today, piece by piece:
 # the build, a random-weight DeepSeek-V3-shaped model generating text on the CPU backend, the real
-# DeepSeek-V3 tokenizer, a cache server with its admin CLI, and the prefix-aware scheduler replaying
-# the Mooncake trace against the baseline policies.
+# DeepSeek-V3 tokenizer, a cache server with its admin CLI, disaggregated prefill and decode workers
+# handing a request over through the cache (and a second turn hitting it), and the prefix-aware
+# scheduler replaying the Mooncake trace against the baseline policies.
 # The one-command local cluster with a streaming multi-turn chat (`strata up`) arrives with issue #8.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,10 +14,15 @@ cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build build -j "$(nproc)"
 strata=build/cli/strata
 run=$(mktemp -d /tmp/strata-demo.XXXXXX)
-cache_pid=""
-trap '[[ -n "$cache_pid" ]] && kill "$cache_pid" 2>/dev/null; rm -rf "$run"' EXIT
+pids=()
+trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null; done; wait 2>/dev/null; rm -rf "$run"' EXIT
 
 step() { echo; echo "== $*"; }
+# Waits for a daemon's ready file and prints its gRPC port.
+ready_port() {
+  for _ in $(seq 300); do [[ -s "$1" ]] && break; sleep 0.1; done
+  sed -n 's/.*grpc=\([0-9]*\).*/\1/p' "$1"
+}
 
 step "strata info"
 $strata info
@@ -39,11 +45,35 @@ $strata cache --ready-file "$run/ready" \
   --set cache.dram.capacity=256MiB --set cache.ssd.dir="$run/ssd" \
   --set cache.ssd.capacity=512MiB --set cluster.admin_token_file="$run/admin.token" \
   --set log.file="$run/cache.log" &
-cache_pid=$!
-for _ in $(seq 100); do [[ -s "$run/ready" ]] && break; sleep 0.1; done
-grpc_port=$(sed -n 's/.*grpc=\([0-9]*\).*/\1/p' "$run/ready")
-$strata admin cache --address "127.0.0.1:$grpc_port" --token-file "$run/admin.token" tiers
-kill "$cache_pid"; wait "$cache_pid" 2>/dev/null || true; cache_pid=""
+pids+=($!)
+cache=127.0.0.1:$(ready_port "$run/ready")
+$strata admin cache --address "$cache" --token-file "$run/admin.token" tiers
+
+step "a prefill worker and a decode worker on that cache server"
+for role in prefill decode; do
+  $strata worker --role $role --model "$run/small-v3" --ready-file "$run/$role.ready" \
+    --set worker.node_id=$role-0 --set worker.listen=127.0.0.1:0 --set worker.http_listen= \
+    --set worker.cache_address="$cache" --set log.file="$run/$role.log" &
+  pids+=($!)
+done
+prefill=127.0.0.1:$(ready_port "$run/prefill.ready")
+decode=127.0.0.1:$(ready_port "$run/decode.ready")
+story="Strata keeps the latent KV cache of every prompt it has seen in a tiered store, so that a \
+chat platform serving many turns of the same conversation never recomputes what it already knows. \
+Prefill nodes write blocks of sixty-four tokens into the store while they compute; decode nodes read \
+them back, verify every checksum and token, and continue the conversation from there. When a \
+decode node runs out of pages it swaps a sequence out to the store instead of dropping it, and when \
+a conversation ends it writes the blocks of the answer too, so that the next turn finds the whole \
+history already computed. A scheduler in front of all this sends each request to the node that \
+holds the longest cached prefix of its prompt, unless that node is too busy to answer in time."
+echo "turn 1: prefill computes the prompt and publishes its blocks; decode loads them"
+$strata generate --model "$run/small-v3" --prefill "$prefill" --decode "$decode" --max-tokens 24 \
+  --prompt "$story Question one: what do prefill nodes write?"
+echo
+echo "turn 2 shares the first blocks: prefill loads them from the cache and computes only the rest"
+$strata generate --model "$run/small-v3" --prefill "$prefill" --decode "$decode" --max-tokens 24 \
+  --prompt "$story Question two: what do decode nodes verify?"
+$strata admin cache --address "$cache" --token-file "$run/admin.token" stats
 
 step "the scheduler's placement policies replaying the Mooncake trace (simulated 8+4-node cluster)"
 trace=../shared/data/traces/synthetic_trace.jsonl
@@ -54,5 +84,5 @@ else
 fi
 
 echo
-echo "Not yet here: the local cluster with a streaming multi-turn chat through the OpenAI API"
-echo "(strata up, issue #8), which needs the prefill/decode workers (issue #6)."
+echo "Not yet here: the one-command local cluster with a streaming multi-turn chat through the"
+echo "OpenAI API (strata up, issue #8), which needs the scheduler's serving path (issue #7)."

@@ -10,6 +10,7 @@
 
 #include "common/checksum.h"
 #include "common/grpc_status.h"
+#include "common/host.h"
 #include "common/metrics.h"
 #include "common/status.h"
 #include "common/strings.h"
@@ -100,16 +101,12 @@ bool IsZero(const BlockKey& key) {
   return std::all_of(key.bytes.begin(), key.bytes.end(), [](uint8_t b) { return b == 0; });
 }
 
-std::string HostName() {
-  char name[256] = {};
-  gethostname(name, sizeof(name) - 1);
-  return name;
-}
-
 // The peer's transfer endpoints as the engine wants them.
 transfer::PeerSpec PeerSpecOf(const std::string& name, const std::string& host_id,
                               const v1::SegmentDescriptor& segment) {
-  transfer::PeerSpec spec{.name = name, .host_id = host_id};
+  transfer::PeerSpec spec;
+  spec.name = name;
+  spec.host_id = host_id;
   for (const auto& ep : segment.endpoints()) {
     spec.endpoints.push_back({.kind = static_cast<transfer::TransportKind>(ep.kind()),
                               .address = ep.address(),
@@ -118,6 +115,20 @@ transfer::PeerSpec PeerSpecOf(const std::string& name, const std::string& host_i
                               .rdma_qp_count = ep.rdma_qp_count()});
   }
   return spec;
+}
+
+// One transfer of a whole block between `local` and the slot `loc` names.
+transfer::TransferOp BlockOp(transfer::OpKind kind, uint8_t* local, const v1::BlockLocation& loc,
+                             uint64_t length, uint64_t checksum) {
+  transfer::TransferOp op;
+  op.op = kind;
+  op.local = local;
+  op.segment = loc.segment();
+  op.offset = loc.offset();
+  op.length = length;
+  op.capability = loc.capability();
+  op.checksum = checksum;
+  return op;
 }
 
 bool SameLayout(const BlockLayout& a, const BlockLayout& b) {
@@ -139,17 +150,30 @@ std::shared_ptr<transfer::Batch> RunBatch(transfer::TransferEngine& engine, tran
   return batch;
 }
 
+struct DataPath {
+  std::shared_ptr<transfer::Peer> peer;
+  std::string label;  // the transport: "shm" | "tcp" | "rdma"
+};
+
 }  // namespace
 
 struct CacheClient::Impl {
   CacheClientOptions options;
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<v1::CacheControl::Stub> stub;
-  std::string server_id;
-  std::unique_ptr<transfer::TransferEngine> engine;  // outlives `peer` (declared before it)
-  std::shared_ptr<transfer::Peer> peer;
-  std::string transport_label;  // "shm" | "tcp" | "rdma"
+  std::string server_id;                             // as of Connect
+  std::unique_ptr<transfer::TransferEngine> engine;  // outlives every DataPath
   ClientMetrics& metrics = ClientMetrics::Get();
+
+  // The data path, replaced when it goes stale: a restarted server listens for transfers on new
+  // ports (and a new shm arena), so a failed transfer or an unreachable server marks the path
+  // stale and the next Fetch or Save re-runs CacheControl.Connect and opens a new peer. Each
+  // call keeps its own reference to the path it started with.
+  mutable std::mutex path_mu;
+  std::shared_ptr<const DataPath> path ABSL_GUARDED_BY(path_mu);
+  bool path_stale ABSL_GUARDED_BY(path_mu) = false;
+  absl::Time path_opened ABSL_GUARDED_BY(path_mu);
+  std::mutex reopen_mu;  // one re-open at a time
 
   std::mutex queue_mu;
   std::unique_ptr<SaveQueue> queue;  // created by the first SaveAsync; drained before the rest
@@ -159,10 +183,89 @@ struct CacheClient::Impl {
   }
 
   // `context` names the call in the message: "cache server 127.0.0.1:7400: Lookup: ...".
-  absl::Status RpcError(const grpc::Status& status, std::string_view call) const {
+  absl::Status RpcError(const grpc::Status& status, std::string_view call) {
     const absl::Status s = FromGrpcStatus(status);
+    if (absl::IsUnavailable(s)) MaybeStale(s);  // the server may come back elsewhere
     return absl::Status(s.code(),
                         StrCat("cache server ", options.address, ": ", call, ": ", s.message()));
+  }
+
+  // CacheControl.Connect, then a transfer peer to the server's "dram" segment.
+  absl::StatusOr<std::shared_ptr<const DataPath>> OpenDataPath(std::string* server_id_out) {
+    v1::ConnectRequest req;
+    req.set_client_id(options.client_id);
+    req.set_host_id(options.host_id);
+    if (options.force_transport) {
+      req.add_transports(static_cast<v1::TransportKind>(*options.force_transport));
+    } else {
+      for (transfer::TransportKind k : engine->available_transports()) {
+        req.add_transports(static_cast<v1::TransportKind>(k));
+      }
+    }
+    v1::ConnectResponse resp;
+    grpc::ClientContext ctx;
+    SetDeadline(ctx);
+    if (const grpc::Status s = stub->Connect(&ctx, req, &resp); !s.ok()) {
+      return absl::UnavailableError(StrCat("cannot reach cache server ", options.address,
+                                           " within ", absl::FormatDuration(options.rpc_timeout),
+                                           ": ", s.error_message()));
+    }
+    const v1::SegmentDescriptor* dram = nullptr;
+    for (const auto& seg : resp.segments()) {
+      if (seg.name() == "dram") dram = &seg;
+    }
+    if (dram == nullptr) {
+      return absl::FailedPreconditionError(StrCat("cache server ", options.address, " (",
+                                                  resp.server_id(), ") offers no 'dram' segment"));
+    }
+    absl::StatusOr<std::shared_ptr<transfer::Peer>> peer =
+        engine->OpenPeer(PeerSpecOf(StrCat("cache ", resp.server_id()), resp.host_id(), *dram));
+    if (!peer.ok()) {
+      return absl::Status(
+          absl::IsFailedPrecondition(peer.status()) ? peer.status().code()
+                                                    : absl::StatusCode::kUnavailable,
+          StrCat("cache server ", options.address, ": no data path: ", peer.status().message()));
+    }
+    if (server_id_out != nullptr) *server_id_out = resp.server_id();
+    auto path = std::make_shared<DataPath>();
+    path->label = std::string(transfer::TransportKindName((*peer)->transport()));
+    path->peer = std::move(*peer);
+    return std::shared_ptr<const DataPath>(std::move(path));
+  }
+
+  // The current data path; re-opened first when it is stale (at most once a second, unless
+  // `now`: a read that just failed on a path that answered a Lookup a moment ago).
+  std::shared_ptr<const DataPath> Path(bool now = false) {
+    {
+      std::lock_guard<std::mutex> lock(path_mu);
+      if (!path_stale || (!now && absl::Now() - path_opened < absl::Seconds(1))) return path;
+    }
+    std::unique_lock<std::mutex> reopen(reopen_mu, std::try_to_lock);
+    std::unique_lock<std::mutex> lock(path_mu);
+    if (!reopen.owns_lock() || !path_stale) return path;  // another call is re-opening it
+    path_opened = absl::Now();
+    lock.unlock();
+    absl::StatusOr<std::shared_ptr<const DataPath>> fresh = OpenDataPath(nullptr);
+    lock.lock();
+    if (fresh.ok()) {
+      spdlog::info("cache client {}: data path to {} re-opened over {}", options.client_id,
+                   options.address, (*fresh)->label);
+      path = std::move(*fresh);
+      path_stale = false;
+    } else {
+      spdlog::debug("cache client {}: re-opening the data path: {}", options.client_id,
+                    ToStd(fresh.status().message()));
+    }
+    return path;
+  }
+
+  // After a failure that a restarted or unreachable server would cause.
+  void MaybeStale(const absl::Status& status) {
+    if (absl::IsUnavailable(status) || absl::IsCancelled(status) || absl::IsDataLoss(status) ||
+        absl::IsNotFound(status) || absl::IsPermissionDenied(status)) {
+      std::lock_guard<std::mutex> lock(path_mu);
+      path_stale = true;
+    }
   }
 
   void ReleaseLease(uint64_t lease_id) {
@@ -194,7 +297,10 @@ CacheClient::~CacheClient() {
 
 const std::string& CacheClient::address() const { return impl_->options.address; }
 const std::string& CacheClient::server_id() const { return impl_->server_id; }
-transfer::TransportKind CacheClient::transport() const { return impl_->peer->transport(); }
+transfer::TransportKind CacheClient::transport() const {
+  std::lock_guard<std::mutex> lock(impl_->path_mu);
+  return impl_->path->peer->transport();
+}
 
 uint64_t CacheClient::pending_save_bytes() const {
   std::lock_guard<std::mutex> lock(impl_->queue_mu);
@@ -216,47 +322,21 @@ absl::StatusOr<std::unique_ptr<CacheClient>> CacheClient::Connect(CacheClientOpt
                              .wrap_transport = o.wrap_transport};
   ASSIGN_OR_RETURN(impl->engine, transfer::TransferEngine::Create(std::move(eo)));
 
-  impl->channel = grpc::CreateChannel(o.address, grpc::InsecureChannelCredentials());
+  // A restarted server is found again within a few seconds (gRPC's default backoff grows to
+  // two minutes, during which every call would fail fast).
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
+  impl->channel = grpc::CreateCustomChannel(o.address, grpc::InsecureChannelCredentials(), args);
   impl->stub = v1::CacheControl::NewStub(impl->channel);
-  v1::ConnectRequest req;
-  req.set_client_id(o.client_id);
-  req.set_host_id(o.host_id);
-  if (o.force_transport) {
-    req.add_transports(static_cast<v1::TransportKind>(*o.force_transport));
-  } else {
-    for (transfer::TransportKind k : impl->engine->available_transports()) {
-      req.add_transports(static_cast<v1::TransportKind>(k));
-    }
-  }
-  v1::ConnectResponse resp;
-  grpc::ClientContext ctx;
-  impl->SetDeadline(ctx);
-  if (const grpc::Status s = impl->stub->Connect(&ctx, req, &resp); !s.ok()) {
-    return absl::UnavailableError(StrCat("cannot reach cache server ", o.address, " within ",
-                                         absl::FormatDuration(o.rpc_timeout), ": ",
-                                         s.error_message()));
-  }
-  impl->server_id = resp.server_id();
-  const v1::SegmentDescriptor* dram = nullptr;
-  for (const auto& seg : resp.segments()) {
-    if (seg.name() == "dram") dram = &seg;
-  }
-  if (dram == nullptr) {
-    return absl::FailedPreconditionError(
-        StrCat("cache server ", o.address, " (", resp.server_id(), ") offers no 'dram' segment"));
-  }
-  absl::StatusOr<std::shared_ptr<transfer::Peer>> peer =
-      impl->engine->OpenPeer(PeerSpecOf(StrCat("cache ", resp.server_id()), resp.host_id(), *dram));
-  if (!peer.ok()) {
-    return absl::Status(
-        absl::IsFailedPrecondition(peer.status()) ? peer.status().code()
-                                                  : absl::StatusCode::kUnavailable,
-        StrCat("cache server ", o.address, ": no data path: ", peer.status().message()));
-  }
-  impl->peer = std::move(*peer);
-  impl->transport_label = std::string(transfer::TransportKindName(impl->peer->transport()));
+  ASSIGN_OR_RETURN(std::shared_ptr<const DataPath> path, impl->OpenDataPath(&impl->server_id));
   spdlog::info("cache client {}: connected to {} ({}) over {}", o.client_id, o.address,
-               impl->server_id, impl->transport_label);
+               impl->server_id, path->label);
+  {
+    std::lock_guard<std::mutex> lock(impl->path_mu);
+    impl->path = std::move(path);
+    impl->path_opened = absl::Now();
+  }
   return std::unique_ptr<CacheClient>(new CacheClient(std::move(impl)));
 }
 
@@ -312,44 +392,64 @@ FetchResult CacheClient::Fetch(const Namespace& ns, std::span<const BlockKey> ke
 
   // 2. Which hits can be read remotely: a prefix of them.
   const uint64_t block_bytes = layout.TotalBytes();
+  // A block that cannot be read ends the prefix, but reads before it may fail first: the
+  // reason is kept aside until they are verified.
+  absl::Status unreadable;
+  bool unreadable_identity = false;
+  auto stop_at = [&](absl::Status status, bool is_identity = false) {
+    unreadable = std::move(status);
+    unreadable_identity = is_identity;
+  };
   size_t readable = 0;
   for (; readable < static_cast<size_t>(out.hit_blocks); ++readable) {
     const v1::BlockLocation& loc = lresp.locations(static_cast<int>(readable));
     if (loc.key() != KeyBytes(keys[readable])) {
-      fail(absl::InternalError(StrCat("Lookup answered location ", readable, " for another key")));
+      stop_at(
+          absl::InternalError(StrCat("Lookup answered location ", readable, " for another key")));
       break;
     }
     if (loc.capability().empty()) {
-      fail(absl::UnavailableError(StrCat("block ", readable, " (", keys[readable].Hex(), ", ",
-                                         v1::Tier_Name(loc.tier()), ") is not remotely readable")));
+      stop_at(
+          absl::UnavailableError(StrCat("block ", readable, " (", keys[readable].Hex(), ", ",
+                                        v1::Tier_Name(loc.tier()), ") is not remotely readable")));
       break;
     }
     if (loc.length() != block_bytes) {
-      fail(absl::NotFoundError(StrCat("block ", readable, " (", keys[readable].Hex(), ") is ",
-                                      loc.length(), " bytes; the layout makes ", block_bytes)),
-           /*is_identity=*/true);
+      stop_at(absl::NotFoundError(StrCat("block ", readable, " (", keys[readable].Hex(), ") is ",
+                                         loc.length(), " bytes; the layout makes ", block_bytes)),
+              /*is_identity=*/true);
       break;
     }
   }
 
   // 3. One batch of reads, each checked in transit against the stored checksum.
   if (readable > 0) {
+    std::shared_ptr<const DataPath> path = im.Path();
     const Clock::time_point transfer_start = Clock::now();
     auto buffer = std::make_shared<std::vector<uint8_t>>(readable * block_bytes);
-    std::vector<transfer::TransferOp> reads;
-    reads.reserve(readable);
-    for (size_t i = 0; i < readable; ++i) {
-      const v1::BlockLocation& loc = lresp.locations(static_cast<int>(i));
-      reads.push_back({.op = transfer::OpKind::kRead,
-                       .local = buffer->data() + i * block_bytes,
-                       .segment = loc.segment(),
-                       .offset = loc.offset(),
-                       .length = loc.length(),
-                       .capability = loc.capability(),
-                       .checksum = loc.checksum()});
+    auto read_all = [&] {
+      std::vector<transfer::TransferOp> reads;
+      reads.reserve(readable);
+      for (size_t i = 0; i < readable; ++i) {
+        const v1::BlockLocation& loc = lresp.locations(static_cast<int>(i));
+        reads.push_back(BlockOp(transfer::OpKind::kRead, buffer->data() + i * block_bytes, loc,
+                                block_bytes, loc.checksum()));
+      }
+      return RunBatch(*im.engine, *path->peer, std::move(reads), im.options.transfer_timeout,
+                      buffer);
+    };
+    auto batch = read_all();
+    if (absl::Status first = batch->status(0);
+        absl::IsUnavailable(first) && first.message() != "pending") {
+      // The server answered the Lookup but its data path is gone: it restarted (new transfer
+      // ports, a new shm arena). Re-open the path once and read again under the same lease.
+      im.MaybeStale(first);
+      std::shared_ptr<const DataPath> fresh = im.Path(/*now=*/true);
+      if (fresh != path) {
+        path = std::move(fresh);
+        batch = read_all();
+      }
     }
-    auto batch =
-        RunBatch(*im.engine, *im.peer, std::move(reads), im.options.transfer_timeout, buffer);
     out.transfer_ms = MsSince(transfer_start);
 
     // 4. Verify each block in order; the first bad one ends the prefix.
@@ -360,6 +460,7 @@ FetchResult CacheClient::Fetch(const Namespace& ns, std::span<const BlockKey> ke
         st = absl::DeadlineExceededError("read did not complete in time");
       }
       if (!st.ok()) {
+        im.MaybeStale(st);
         fail(absl::Status(st.code(), StrCat("reading block ", i, " (", keys[i].Hex(), ") from ",
                                             im.options.address, ": ", st.message())));
         break;
@@ -388,15 +489,19 @@ FetchResult CacheClient::Fetch(const Namespace& ns, std::span<const BlockKey> ke
              IsBlockIdentityMismatch(v));
         break;
       }
-      const HitTier tier = FromProtoTier(lresp.locations(static_cast<int>(i)).tier());
+      // Count an SSD hit as SSD even though Lookup(promote) served it from DRAM.
+      const v1::BlockLocation& loc = lresp.locations(static_cast<int>(i));
+      const HitTier tier =
+          FromProtoTier(loc.found_in() != v1::TIER_UNSPECIFIED ? loc.found_in() : loc.tier());
       out.blocks.push_back(
           {.tier = tier,
            .payload = std::vector<uint8_t>(view->payload.begin(), view->payload.end())});
       im.metrics.fetched.Labels({std::string(TierLabel(tier))}).Increment();
     }
-    im.metrics.bytes.Labels({"read", im.transport_label})
-        .Increment(static_cast<double>(bytes_read));
+    im.metrics.bytes.Labels({"read", path->label}).Increment(static_cast<double>(bytes_read));
   }
+
+  if (out.blocks.size() == readable && !unreadable.ok()) fail(unreadable, unreadable_identity);
 
   // 5. The read lease ends here, whatever happened (best effort; it expires otherwise).
   if (lease_id != 0) im.ReleaseLease(lease_id);
@@ -492,20 +597,16 @@ absl::StatusOr<SaveResult> CacheClient::Save(const Namespace& ns, const std::str
       failed(i, st);
     } else {
       to_write.push_back(i);
-      writes.push_back({.op = transfer::OpKind::kWrite,
-                        .local = encoded->data() + i * block_bytes,
-                        .segment = slot.location().segment(),
-                        .offset = slot.location().offset(),
-                        .length = block_bytes,
-                        .capability = slot.location().capability(),
-                        .checksum = checksums[i]});
+      writes.push_back(BlockOp(transfer::OpKind::kWrite, encoded->data() + i * block_bytes,
+                               slot.location(), block_bytes, checksums[i]));
     }
   }
 
   // 3. Write the reserved slots in one batch, then commit what arrived.
   if (!to_write.empty()) {
+    const std::shared_ptr<const DataPath> path = im.Path();
     auto batch =
-        RunBatch(*im.engine, *im.peer, std::move(writes), im.options.transfer_timeout, encoded);
+        RunBatch(*im.engine, *path->peer, std::move(writes), im.options.transfer_timeout, encoded);
     v1::CommitRequest creq;
     creq.set_lease_id(rresp.lease().lease_id());
     std::vector<size_t> committed;
@@ -515,6 +616,7 @@ absl::StatusOr<SaveResult> CacheClient::Save(const Namespace& ns, const std::str
         st = absl::DeadlineExceededError("write did not complete in time");
       }
       if (!st.ok()) {
+        im.MaybeStale(st);
         failed(to_write[j], st);
         continue;
       }
@@ -523,7 +625,7 @@ absl::StatusOr<SaveResult> CacheClient::Save(const Namespace& ns, const std::str
       c->set_checksum(checksums[to_write[j]]);
       committed.push_back(to_write[j]);
     }
-    im.metrics.bytes.Labels({"write", im.transport_label})
+    im.metrics.bytes.Labels({"write", path->label})
         .Increment(static_cast<double>(committed.size() * block_bytes));
     // Commit even when nothing arrived: it ends the write lease and frees the slots now.
     v1::CommitResponse cresp;
@@ -539,6 +641,7 @@ absl::StatusOr<SaveResult> CacheClient::Save(const Namespace& ns, const std::str
       if (st.ok()) {
         outcome[committed[j]] = Outcome::kStored;
       } else {
+        im.MaybeStale(st);  // DataLoss: the bytes went to an arena the server no longer uses?
         failed(committed[j], st);
       }
     }

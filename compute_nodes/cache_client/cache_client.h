@@ -18,6 +18,12 @@
 // but their outcome is reported per block. Leases taken by Fetch are released before it returns;
 // write leases end with Commit (or expire on the server if the client dies).
 //
+// Reconnection: the gRPC channel reconnects by itself (backoff capped at 2 s). The data path
+// (the transfer peer) is re-opened — CacheControl.Connect again, a new peer — by the next Fetch
+// or Save after a failure that a restarted server causes (unreachable server, transfer
+// Unavailable / DataLoss / ...), at most once a second, so a worker finds a restarted cache
+// server at the same address without being rebuilt.
+//
 // Thread safety: every method may be called from any thread, concurrently.
 #pragma once
 
@@ -101,8 +107,8 @@ class CacheClient {
   ~CacheClient();
 
   const std::string& address() const;
-  const std::string& server_id() const;
-  transfer::TransportKind transport() const;  // the transport chosen for the data plane
+  const std::string& server_id() const;       // as answered by Connect
+  transfer::TransportKind transport() const;  // the transport of the current data path
 
   // Looks up `keys` (a chain: keys[i] is the parent of keys[i+1]), reads the longest present
   // prefix under a read lease and verifies each block against its key and its tokens

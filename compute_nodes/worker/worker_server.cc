@@ -1,10 +1,10 @@
 #include "compute_nodes/worker/worker_server.h"
 
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
-#include <unistd.h>
 
 #include <filesystem>
 
+#include "common/host.h"
 #include "common/metrics.h"
 #include "common/status.h"
 #include "common/strings.h"
@@ -15,11 +15,7 @@
 namespace strata::worker {
 
 WorkerServer::WorkerServer(WorkerServerOptions options) : options_(std::move(options)) {
-  if (options_.host_id.empty()) {
-    char name[256] = {};
-    gethostname(name, sizeof(name) - 1);
-    options_.host_id = name;
-  }
+  if (options_.host_id.empty()) options_.host_id = HostName();
 }
 
 WorkerServer::~WorkerServer() { Shutdown(); }

@@ -14,6 +14,8 @@
 
 #include "cache_service/cache_server.h"
 #include "common/checksum.h"
+#include "common/metrics.h"
+#include "common/strings.h"
 #include "transfer/fault/fault_transport.h"
 
 namespace strata::cache_client {
@@ -108,9 +110,11 @@ class CacheClientTest : public ::testing::Test {
     if (server_) server_->Shutdown();
   }
 
-  void StartServer(uint32_t dram_slots) {
+  void StartServer(uint32_t dram_slots) { StartServer(ServerOptions("s", dram_slots)); }
+  void StartServer(const cache::CacheServerOptions& options) {
     if (server_) server_->Shutdown();
-    server_ = std::make_unique<cache::CacheServer>(ServerOptions("s", dram_slots));
+    server_.reset();  // a restart on the same data_dir needs the index closed first
+    server_ = std::make_unique<cache::CacheServer>(options);
     ASSERT_TRUE(server_->Start().ok());
   }
 
@@ -120,6 +124,7 @@ class CacheClientTest : public ::testing::Test {
             .host_id = kHost,
             .cluster_secret = kSecret,
             .force_transport = kind,
+            .wrap_transport = nullptr,
             .rpc_timeout = absl::Seconds(3),
             .transfer_timeout = absl::Seconds(10)};
   }
@@ -143,11 +148,12 @@ class CacheClientTest : public ::testing::Test {
   std::unique_ptr<cache::CacheServer> server_;
 };
 
-void ExpectPayloads(const FetchResult& r, const Chain& c, size_t n) {
+void ExpectPayloads(const FetchResult& r, const Chain& c, size_t n,
+                    HitTier tier = HitTier::kDram) {
   ASSERT_EQ(r.blocks.size(), n);
   for (size_t i = 0; i < n; ++i) {
     EXPECT_EQ(r.blocks[i].payload, c.blocks[i].payload) << "block " << i;
-    EXPECT_EQ(r.blocks[i].tier, HitTier::kDram);
+    EXPECT_EQ(r.blocks[i].tier, tier);
   }
 }
 
@@ -333,6 +339,139 @@ TEST_F(CacheClientTest, CorruptReadsAreCaughtAndTheServerStillServesOthers) {
   ExpectPayloads(FetchChain(*clean, ns, c), c, 3);
 }
 
+double CounterValue(const std::string& name, const std::vector<std::string>& label_names,
+                    const std::vector<std::string>& values) {
+  // Registering an existing family again returns it.
+  return MetricsRegistry::Default().AddCounter(name, "", label_names).Labels(values).Value();
+}
+
+TEST_F(CacheClientTest, MetricsCountBlocksBytesAndFailures) {
+  auto client = Connect(Options());
+  ASSERT_NE(client, nullptr);
+  const Namespace ns = Ns("metrics");
+  const Chain c = MakeChain(ns, 3, 16);
+  const double block = static_cast<double>(Layout().TotalBytes());
+  auto stored = [] {
+    return CounterValue("strata_cache_client_saved_blocks_total", {"outcome"}, {"stored"});
+  };
+  auto present = [] {
+    return CounterValue("strata_cache_client_saved_blocks_total", {"outcome"}, {"present"});
+  };
+  auto fetched = [] {
+    return CounterValue("strata_cache_client_fetched_blocks_total", {"tier"}, {"dram"});
+  };
+  auto bytes = [](const std::string& direction) {
+    return CounterValue("strata_cache_client_bytes_total", {"direction", "transport"},
+                        {direction, "tcp"});
+  };
+  auto data_loss = [] {
+    return CounterValue("strata_cache_client_fetch_failures_total", {"reason"}, {"data_loss"});
+  };
+  const double stored0 = stored(), present0 = present(), fetched0 = fetched();
+  const double written0 = bytes("write"), read0 = bytes("read"), loss0 = data_loss();
+
+  ASSERT_TRUE(client->Save(ns, "t", Layout(), c.blocks, "req").ok());
+  ASSERT_TRUE(client->Save(ns, "t", Layout(), c.blocks, "req").ok());
+  ASSERT_EQ(FetchChain(*client, ns, c).blocks.size(), 3u);
+  EXPECT_EQ(stored() - stored0, 3);
+  EXPECT_EQ(present() - present0, 3);
+  EXPECT_EQ(fetched() - fetched0, 3);
+  EXPECT_EQ(bytes("write") - written0, 3 * block);
+  EXPECT_EQ(bytes("read") - read0, 3 * block);
+
+  CacheClientOptions o = Options();
+  o.wrap_transport = [](std::unique_ptr<transfer::Transport> t) {
+    return std::make_unique<transfer::FaultInjectingTransport>(
+        std::move(t), transfer::FaultPolicy{.corrupt = 1.0});
+  };
+  auto faulty = Connect(std::move(o));
+  ASSERT_NE(faulty, nullptr);
+  EXPECT_TRUE(absl::IsDataLoss(FetchChain(*faulty, ns, c).first_failure));
+  EXPECT_EQ(data_loss() - loss0, 1);
+  const std::string text = MetricsRegistry::Default().RenderPrometheus();
+  EXPECT_NE(text.find("strata_cache_client_fetched_blocks_total{tier=\"dram\"}"),
+            std::string::npos);
+}
+
+TEST_F(CacheClientTest, ReadsThatNeverCompleteEndAtTheTransferTimeout) {
+  auto clean = Connect(Options());
+  ASSERT_NE(clean, nullptr);
+  const Namespace ns = Ns("drop");
+  const Chain c = MakeChain(ns, 2, 14);
+  ASSERT_TRUE(clean->Save(ns, "t", Layout(), c.blocks, "req").ok());
+  CacheClientOptions o = Options();
+  o.transfer_timeout = absl::Milliseconds(500);
+  o.wrap_transport = [](std::unique_ptr<transfer::Transport> t) {
+    return std::make_unique<transfer::FaultInjectingTransport>(std::move(t),
+                                                               transfer::FaultPolicy{.drop = 1.0});
+  };
+  auto dropping = Connect(std::move(o));
+  ASSERT_NE(dropping, nullptr);
+  const FetchResult r = FetchChain(*dropping, ns, c);
+  EXPECT_EQ(r.hit_blocks, 2);
+  EXPECT_TRUE(r.blocks.empty());
+  EXPECT_TRUE(absl::IsDeadlineExceeded(r.first_failure)) << r.first_failure;
+  EXPECT_EQ(ActiveLeases(), 0u);
+}
+
+TEST_F(CacheClientTest, BlocksOnSsdAfterARestartArePromotedAndReadBack) {
+  cache::CacheServerOptions o = ServerOptions("ssd", 64);
+  o.store.ssd_capacity_bytes = 64 * 4096;
+  StartServer(o);
+  const Namespace ns = Ns("ssd");
+  const Chain c = MakeChain(ns, 3, 15);
+  {
+    auto client = Connect(Options());
+    ASSERT_NE(client, nullptr);
+    absl::StatusOr<SaveResult> saved = client->Save(ns, "t", Layout(), c.blocks, "req");
+    ASSERT_TRUE(saved.ok()) << saved.status();
+    ASSERT_EQ(saved->stored, 3);
+  }
+  // DRAM residency does not survive a restart; the SSD copies do.
+  StartServer(o);
+  auto client = Connect(Options(TransportKind::kShm));
+  ASSERT_NE(client, nullptr);
+  const FetchResult r = FetchChain(*client, ns, c);
+  EXPECT_EQ(r.hit_blocks, 3);
+  EXPECT_TRUE(r.first_failure.ok()) << r.first_failure;
+  // Lookup(promote) copies SSD hits to DRAM and serves them from there; they count as SSD hits.
+  ExpectPayloads(r, c, 3, HitTier::kSsd);
+  EXPECT_EQ(ActiveLeases(), 0u);
+  // Now in DRAM: the next fetch is a DRAM hit.
+  ExpectPayloads(FetchChain(*client, ns, c), c, 3, HitTier::kDram);
+}
+
+TEST_F(CacheClientTest, AClientFindsARestartedServerAgain) {
+  for (const TransportKind kind : {TransportKind::kTcp, TransportKind::kShm}) {
+    const std::string name(transfer::TransportKindName(kind));
+    SCOPED_TRACE(name);
+    cache::CacheServerOptions o = ServerOptions("restart-" + name, 256);
+    StartServer(o);
+    auto client = Connect(Options(kind));
+    ASSERT_NE(client, nullptr);
+    const Namespace ns = Ns("restart-" + name);
+    ASSERT_TRUE(client->Save(ns, "t", Layout(), MakeChain(ns, 2, 20).blocks, "req").ok());
+
+    // Same gRPC address; new transfer ports and a new DRAM arena.
+    o.listen = "127.0.0.1:" + std::to_string(server_->grpc_port());
+    StartServer(o);
+    const Chain c = MakeChain(ns, 2, 21);
+    // The first calls may fail while the client notices; bounded retries, no timing asserted.
+    bool round_trip = false;
+    for (int attempt = 0; attempt < 30 && !round_trip; ++attempt) {
+      absl::StatusOr<SaveResult> saved = client->Save(ns, "t", Layout(), c.blocks, "req");
+      if (saved.ok() && saved->stored + saved->present == 2) {
+        const FetchResult r = FetchChain(*client, ns, c);
+        round_trip = r.blocks.size() == 2 && r.blocks[0].payload == c.blocks[0].payload &&
+                     r.blocks[1].payload == c.blocks[1].payload;
+      }
+      if (!round_trip) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    }
+    EXPECT_TRUE(round_trip);
+    EXPECT_EQ(client->transport(), kind);
+  }
+}
+
 TEST_F(CacheClientTest, ADeadServerEndsFetchesAndFailsSaves) {
   CacheClientOptions o = Options();
   o.rpc_timeout = absl::Seconds(2);
@@ -370,69 +509,78 @@ TEST_F(CacheClientTest, ADeadServerEndsFetchesAndFailsSaves) {
 }
 
 TEST(CacheClientConnectTest, UnreachableServerIsUnavailableAndNamesTheAddress) {
-  auto client = CacheClient::Connect({.address = "127.0.0.1:1",
-                                      .client_id = "w",
-                                      .host_id = kHost,
-                                      .rpc_timeout = absl::Seconds(2)});
+  CacheClientOptions o;
+  o.address = "127.0.0.1:1";
+  o.client_id = "w";
+  o.host_id = kHost;
+  o.rpc_timeout = absl::Seconds(2);
+  auto client = CacheClient::Connect(o);
   ASSERT_FALSE(client.ok());
   EXPECT_TRUE(absl::IsUnavailable(client.status())) << client.status();
   EXPECT_NE(client.status().message().find("127.0.0.1:1"), absl::string_view::npos);
 }
 
-TEST_F(CacheClientTest, SaveAsyncUnderATinyBoundCompletesEveryBatch) {
-  CacheClientOptions o = Options(TransportKind::kShm);
-  // Smaller than one batch: batches go one at a time, none deadlocks.
-  o.max_pending_save_bytes = 1000;
-  auto client = Connect(o);
-  ASSERT_NE(client, nullptr);
-  const Namespace ns = Ns("async");
+TEST_F(CacheClientTest, SaveAsyncCompletesEveryBatchWithinTheByteBound) {
   constexpr int kThreads = 2;
   constexpr int kBatchesPerThread = 12;
   constexpr int kBlocks = 2;
   const uint64_t batch_bytes = kBlocks * (Layout().PayloadBytes() + 4ull * Layout().block_tokens);
-  std::vector<Chain> chains;
-  for (int i = 0; i < kThreads * kBatchesPerThread; ++i) {
-    chains.push_back(MakeChain(ns, kBlocks, 100 + i));
-  }
-  std::vector<std::atomic<int>> calls(chains.size());
-  std::vector<std::atomic<int64_t>> stored(chains.size());
-  std::atomic<uint64_t> max_pending{0};
-  std::vector<std::thread> threads;
-  for (int t = 0; t < kThreads; ++t) {
-    threads.emplace_back([&, t] {
-      for (int b = 0; b < kBatchesPerThread; ++b) {
-        const size_t i = t * kBatchesPerThread + b;
-        client->SaveAsync(ns, "t", Layout(), chains[i].blocks, "req",
-                          [&, i](absl::StatusOr<SaveResult> r) {
-                            calls[i].fetch_add(1);
-                            stored[i].store(r.ok() ? r->stored : -1);
-                            uint64_t p = client->pending_save_bytes();
-                            uint64_t seen = max_pending.load();
-                            while (p > seen && !max_pending.compare_exchange_weak(seen, p)) {
-                            }
-                          });
+  // Smaller than one batch (batches go one at a time, none deadlocks), then room for two and a
+  // half (callers and the save thread overlap).
+  for (const uint64_t bound : {uint64_t{1000}, batch_bytes * 5 / 2}) {
+    SCOPED_TRACE(bound);
+    CacheClientOptions o = Options(TransportKind::kShm);
+    o.max_pending_save_bytes = bound;
+    auto client = Connect(o);
+    ASSERT_NE(client, nullptr);
+    const Namespace ns = Ns(StrCat("async-", bound));
+    std::vector<Chain> chains;
+    for (int i = 0; i < kThreads * kBatchesPerThread; ++i) {
+      chains.push_back(MakeChain(ns, kBlocks, 100 + i));
+    }
+    std::vector<std::atomic<int>> calls(chains.size());
+    std::vector<std::atomic<int64_t>> stored(chains.size());
+    std::atomic<uint64_t> max_pending{0};
+    auto observe_pending = [&] {
+      const uint64_t p = client->pending_save_bytes();
+      uint64_t seen = max_pending.load();
+      while (p > seen && !max_pending.compare_exchange_weak(seen, p)) {
       }
-    });
-  }
-  for (auto& th : threads) th.join();
-  client->FlushSaves();
-  EXPECT_EQ(client->pending_save_bytes(), 0u);
-  for (size_t i = 0; i < chains.size(); ++i) {
-    EXPECT_EQ(calls[i].load(), 1) << "batch " << i;
-    EXPECT_EQ(stored[i].load(), kBlocks) << "batch " << i;
-  }
-  // One batch at a time: the bound is smaller than a batch.
-  EXPECT_LE(max_pending.load(), batch_bytes);
-  ExpectPayloads(FetchChain(*client, ns, chains.back()), chains.back(), kBlocks);
+    };
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&, t] {
+        for (int b = 0; b < kBatchesPerThread; ++b) {
+          const size_t i = t * kBatchesPerThread + b;
+          client->SaveAsync(ns, "t", Layout(), chains[i].blocks, "req",
+                            [&, i](absl::StatusOr<SaveResult> r) {
+                              calls[i].fetch_add(1);
+                              stored[i].store(r.ok() ? r->stored : -1);
+                              observe_pending();
+                            });
+          observe_pending();
+        }
+      });
+    }
+    for (auto& th : threads) th.join();
+    client->FlushSaves();
+    EXPECT_EQ(client->pending_save_bytes(), 0u);
+    for (size_t i = 0; i < chains.size(); ++i) {
+      EXPECT_EQ(calls[i].load(), 1) << "batch " << i;
+      EXPECT_EQ(stored[i].load(), kBlocks) << "batch " << i;
+    }
+    EXPECT_LE(max_pending.load(), std::max(bound, batch_bytes));
+    for (const Chain& c : chains) ExpectPayloads(FetchChain(*client, ns, c), c, kBlocks);
 
-  // The destructor drains what is still queued.
-  std::atomic<int> late{0};
-  for (int i = 0; i < 4; ++i) {
-    client->SaveAsync(ns, "t", Layout(), MakeChain(ns, 1, 500 + i).blocks, "req",
-                      [&](absl::StatusOr<SaveResult> r) { late.fetch_add(r.ok() ? 1 : 100); });
+    // The destructor drains what is still queued.
+    std::atomic<int> late{0};
+    for (int i = 0; i < 4; ++i) {
+      client->SaveAsync(ns, "t", Layout(), MakeChain(ns, 1, 500 + i).blocks, "req",
+                        [&](absl::StatusOr<SaveResult> r) { late.fetch_add(r.ok() ? 1 : 100); });
+    }
+    client.reset();
+    EXPECT_EQ(late.load(), 4);
   }
-  client.reset();
-  EXPECT_EQ(late.load(), 4);
 }
 
 TEST_F(CacheClientTest, AFullCacheRefusesSomeBlocksAndStoresTheRest) {

@@ -64,7 +64,8 @@ class WorkerClusterTest : public testing::TestWithParam<std::string> {
   }
 
   // `shm`: the cache also serves its DRAM arena over a unix socket, so same-host workers map it.
-  std::unique_ptr<ChildProcess> StartCache(bool shm = false, const std::string& name = "cache") {
+  std::unique_ptr<ChildProcess> StartCache(bool shm = false, const std::string& name = "cache",
+                                           std::vector<std::string> extra = {}) {
     auto p = std::make_unique<ChildProcess>();
     const std::string data = dir_ + "/" + name;
     std::filesystem::create_directories(data);
@@ -84,9 +85,10 @@ class WorkerClusterTest : public testing::TestWithParam<std::string> {
                                      "cache.dram.capacity=96MiB",
                                      "--set",
                                      "log.level=warn"};
-    if (shm) {
+    if (shm) extra.push_back("cache.shm_socket=" + data + "/shm.sock");
+    for (auto& e : extra) {
       args.push_back("--set");
-      args.push_back("cache.shm_socket=" + data + "/shm.sock");
+      args.push_back(std::move(e));
     }
     p->Start(std::move(args), data + "/ready");
     return p;
@@ -402,6 +404,33 @@ TEST_P(WorkerClusterTest, CacheServerKilledDuringAFetchMeansRecomputation) {
   const Stream again = Generate(*rstub, Prompt(70, 22), 4);
   EXPECT_TRUE(again.status.ok()) << again.status.error_message();
   EXPECT_EQ(again.tokens, Reference(Prompt(70, 22), 4));
+}
+
+// A cache server restarted on the same data directory serves from SSD (DRAM residency is gone);
+// the worker reconnects on its own and counts those tokens as SSD hits.
+TEST_P(WorkerClusterTest, RestartedCacheServerServesFromSsd) {
+  const std::vector<std::string> ssd = {"cache.ssd.capacity=64MiB", "cache.ssd.slots_per_file=64"};
+  auto cache = StartCache(false, "cache", ssd);
+  auto w = StartWorker("both-0", "both", cache->grpc_address());
+  auto stub = Stub(*w);
+  const auto prompt = Prompt(200, 50);
+  v1::PrefillResponse pre;
+  ASSERT_TRUE(Prefill(*stub, prompt, &pre).ok());
+  ASSERT_EQ(pre.block_keys_size(), 3);
+  cache->Kill(SIGTERM);
+  std::vector<std::string> again = ssd;
+  again.push_back("cache.listen=" + cache->grpc_address());
+  cache = StartCache(false, "cache", again);
+  Stream s;
+  for (int attempt = 0; attempt < 20; ++attempt) {  // until the worker has reconnected
+    s = Generate(*stub, prompt, 8);
+    ASSERT_TRUE(s.status.ok()) << s.status.error_message();
+    if (s.last.usage().cached().total() > 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
+  EXPECT_EQ(s.last.usage().cached().total(), 192u);
+  EXPECT_EQ(s.last.usage().cached().ssd(), 192u);
+  EXPECT_EQ(s.tokens, Reference(prompt, 8));
 }
 
 TEST_P(WorkerClusterTest, DecodeWorkerKilledMidStreamIsAClearError) {

@@ -1,0 +1,55 @@
+// `strata bench worker`: a worker on the CPU "cluster" in one process — a real CacheServer
+// (DRAM tier, tcp data plane on loopback), a CpuEngine (bf16 KV pool) and a WorkerCore, wired
+// as the worker daemon wires them (worker_server.cc) minus gRPC — measured end to end:
+//
+//   - TTFT of a long prompt (8K tokens) computed cold (nothing cached) and 90 % cached (a
+//     previous request sharing its first 90 % of tokens was served and its blocks committed);
+//     medians over `repeats`, each repeat with fresh prompts;
+//   - prefill tokens/s of the cold run (prompt tokens / cold TTFT);
+//   - decode tokens/s at several batch sizes: N concurrent requests with short prompts, tokens
+//     delivered between the moment every request has its first token and the moment the last
+//     token arrives, divided by that window (prefill excluded).
+//
+// The model is the `tiny` preset with a longer context (max_position_embeddings raised so the
+// long prompt fits), written once into `model_dir` (or a temp dir) with fixed seed.
+//
+// Not thread-safe; runs everything it needs itself and tears it down before returning.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "nlohmann/json.hpp"
+
+namespace strata::worker {
+
+struct WorkerBenchOptions {
+  int64_t prompt_tokens = 8192;
+  double cached_fraction = 0.9;
+  int repeats = 3;
+  std::vector<int> batches = {1, 8, 32};
+  int64_t decode_tokens = 64;  // new tokens per decode request
+  int64_t decode_prompt_tokens = 128;
+  int64_t token_budget = 512;  // WorkerCoreOptions::token_budget (the daemon's default)
+  int64_t block_tokens = 64;
+  std::string model_dir;  // a checkpoint to use, or where to write the bench's own; empty: temp
+  std::string work_dir;   // cache server data; empty: a temp dir (removed afterwards)
+};
+
+// The JSON of docs/benchmarks.md: "ratios.ttft_cached_vs_cold_8k", "ttft_ms.{cold,cached}"
+// (medians, plus the per-repeat samples), "prefill_tokens_per_s", "decode_tokens_per_s.{N}",
+// "cached_tokens", "computed_tokens" (of the cached run), "model", "machine", "options"; and,
+// to explain the ratio: "ttft_ms.fetch_cached_prefix" (fetching and verifying the cached blocks
+// alone), "ttft_ms.computed_part_without_context" (a fresh prompt as long as the computed part),
+// "ttft_cpu_ms" and "ratios.ttft_cpu_cached_vs_cold_8k" (process CPU time from submit to the
+// first token: this process's work only, not time lost to other processes on a shared machine).
+absl::StatusOr<nlohmann::json> RunWorkerBench(const WorkerBenchOptions& options);
+
+// The small human-readable table of a result (with PASS/MISS against the TTFT ratio target).
+std::string FormatWorkerBench(const nlohmann::json& result);
+
+inline constexpr double kTtftRatioTarget = 0.15;
+
+}  // namespace strata::worker
