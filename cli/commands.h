@@ -36,6 +36,11 @@ void RegisterBenchWorkerCommand(CLI::App& app);    // strata bench worker
 void RegisterModelCommand(CLI::App& app);          // strata model make-random | logits
 void RegisterGenerateCommand(CLI::App& app);       // strata generate
 
+// strata scheduler (the global scheduler daemon and OpenAI gateway, scheduler/server/)
+void RegisterSchedulerServeCommand(CLI::App& app);
+// strata admin scheduler nodes|drain|policy|index
+void RegisterAdminSchedulerCommand(CLI::App& app);
+
 // strata tokenize (compute_nodes/tokenizer)
 void RegisterTokenizeCommand(CLI::App& app);
 

@@ -16,6 +16,8 @@ int main(int argc, char** argv) {
   strata::cli::RegisterCacheCommand(app);
   strata::cli::RegisterWorkerCommand(app);
   strata::cli::RegisterSchedulerCommands(app);
+  strata::cli::RegisterSchedulerServeCommand(app);
+  strata::cli::RegisterAdminSchedulerCommand(app);
   strata::cli::RegisterTokenizeCommand(app);
   strata::cli::RegisterModelCommand(app);
   strata::cli::RegisterGenerateCommand(app);

@@ -103,11 +103,34 @@ void WorkerSection::Register(ConfigSchema& schema) {
   schema.AddDuration("worker.fault.delay_by", &fault_delay_by, "Tests: the delay");
 }
 
+void SchedulerSection::Register(ConfigSchema& schema) {
+  schema.AddString("scheduler.listen", &listen,
+                   "gRPC address of the Scheduler service workers register with (host:port)");
+  schema.AddString("scheduler.http_listen", &http_listen,
+                   "Address of the OpenAI-compatible HTTP gateway; empty turns it off");
+  schema.AddEnum("scheduler.policy", &policy,
+                 {"random", "round_robin", "least_loaded", "cache_aware_local", "strata"},
+                 "Placement policy");
+  schema.AddString(
+      "scheduler.model", &model,
+      "Model directory for the tokenizer and chat template (its name is the model id)");
+  schema.AddDuration("scheduler.heartbeat_interval", &heartbeat_interval,
+                     "How often workers report their load");
+  schema.AddInt("scheduler.missed_heartbeats", &missed_heartbeats,
+                "Heartbeats a node may miss before it is marked dead", 1, 1000);
+  schema.AddInt("scheduler.http_threads", &http_threads, "Threads of the HTTP gateway", 1, 256);
+  schema.AddString("scheduler.api_keys_file", &api_keys_file,
+                   "File with the gateway's bearer API keys, one a line; empty: no keys needed");
+  schema.AddDuration("scheduler.request_timeout", &request_timeout,
+                     "Longest a request may run on the workers");
+}
+
 void StrataConfig::Register(ConfigSchema& schema) {
   log.Register(schema);
   cluster.Register(schema);
   cache.Register(schema);
   worker.Register(schema);
+  scheduler.Register(schema);
 }
 
 }  // namespace strata

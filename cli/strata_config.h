@@ -89,11 +89,27 @@ struct WorkerSection {
   void Register(ConfigSchema& schema);
 };
 
+// `scheduler.*`: the global scheduler and OpenAI gateway (`strata scheduler`, scheduler/).
+struct SchedulerSection {
+  std::string listen = "127.0.0.1:7300";       // gRPC (Scheduler: workers register here)
+  std::string http_listen = "127.0.0.1:8000";  // OpenAI-compatible HTTP; empty: off
+  std::string policy = "strata";
+  std::string model;  // model directory (tokenizer, chat template); its name is the model id
+  absl::Duration heartbeat_interval = absl::Seconds(1);
+  int64_t missed_heartbeats = 3;
+  int64_t http_threads = 2;
+  std::string api_keys_file;  // one bearer key per line; empty: no authentication
+  absl::Duration request_timeout = absl::Minutes(10);
+
+  void Register(ConfigSchema& schema);
+};
+
 struct StrataConfig {
   LogSection log;
   ClusterSection cluster;
   CacheSection cache;
   WorkerSection worker;
+  SchedulerSection scheduler;
 
   // Registers every section's options with `schema`, bound to this object's fields.
   void Register(ConfigSchema& schema);

@@ -52,6 +52,16 @@ absl::Status LoadView::SetDraining(const std::string& id, bool draining) {
   return absl::OkStatus();
 }
 
+absl::Status LoadView::MarkDead(const std::string& id) {
+  absl::MutexLock lock(&mu_);
+  auto it = by_id_.find(id);
+  if (it == by_id_.end()) return absl::NotFoundError(StrCat("unknown node ", id));
+  NodeView& n = nodes_[it->second];
+  n.alive = false;
+  n.outstanding = Outstanding{};
+  return absl::OkStatus();
+}
+
 std::vector<NodeIndex> LoadView::CheckLiveness(absl::Time now) {
   absl::MutexLock lock(&mu_);
   std::vector<NodeIndex> dead;

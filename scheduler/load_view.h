@@ -75,6 +75,9 @@ class LoadView {
   absl::Status SetDraining(const std::string& id, bool draining);
   // Marks nodes dead whose last heartbeat is older than the limit; returns the newly dead.
   std::vector<NodeIndex> CheckLiveness(absl::Time now);
+  // Marks `id` dead now (a call to it failed as if it were down); its next heartbeat or
+  // registration brings it back. NotFound for an unknown id.
+  absl::Status MarkDead(const std::string& id);
 
   // Bookkeeping of placed work (`seconds` is the prediction made at placement).
   void AddPrefill(NodeIndex node, uint64_t tokens, double seconds);

@@ -44,6 +44,19 @@ TEST(LoadViewTest, MissedHeartbeatsMarkDeadAndHeartbeatRevives) {
   EXPECT_TRUE(view.Snapshot()[0].alive);
 }
 
+TEST(LoadViewTest, MarkDeadTakesANodeOutUntilItsNextHeartbeat) {
+  LoadView view(absl::Seconds(1), 3);
+  view.Register("a", "h", NodeRoleKind::kBoth, At(0));
+  view.AddPrefill(0, 100, 1.0);
+  ASSERT_TRUE(view.MarkDead("a").ok());
+  EXPECT_FALSE(view.Snapshot()[0].alive);
+  EXPECT_FALSE(view.Snapshot()[0].CanPrefill());
+  EXPECT_EQ(view.Snapshot()[0].outstanding.prefill_requests, 0u);
+  EXPECT_TRUE(absl::IsNotFound(view.MarkDead("zzz")));
+  ASSERT_TRUE(view.Heartbeat("a", {}, At(0.5)).ok());
+  EXPECT_TRUE(view.Snapshot()[0].alive);
+}
+
 TEST(LoadViewTest, DrainingNodesAreNotCandidates) {
   LoadView view;
   view.Register("a", "h", NodeRoleKind::kBoth, At(0));
