@@ -2,9 +2,10 @@
 # The main job: installs what is missing, builds Strata and shows what runs today, piece by piece:
 # the build, a random-weight DeepSeek-V3-shaped model generating text on the CPU backend, the real
 # DeepSeek-V3 tokenizer, a cache server with its admin CLI, disaggregated prefill and decode workers
-# handing a request over through the cache (and a second turn hitting it), and the prefix-aware
-# scheduler replaying the Mooncake trace against the baseline policies.
-# The one-command local cluster with a streaming multi-turn chat (`strata up`) arrives with issue #8.
+# handing a request over through the cache (and a second turn hitting it), the scheduler's OpenAI
+# API running a streamed chat on them, and the prefix-aware placement policies replaying the
+# Mooncake trace.
+# One command for the whole local cluster (`strata up`) arrives with issue #8.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -49,11 +50,18 @@ pids+=($!)
 cache=127.0.0.1:$(ready_port "$run/ready")
 $strata admin cache --address "$cache" --token-file "$run/admin.token" tiers
 
-step "a prefill worker and a decode worker on that cache server"
+step "the scheduler (OpenAI API in front), a prefill worker and a decode worker on that cache"
+$strata scheduler --model "$run/small-v3" --ready-file "$run/scheduler.ready" \
+  --set scheduler.listen=127.0.0.1:0 --set scheduler.http_listen=127.0.0.1:0 \
+  --set log.file="$run/scheduler.log" &
+pids+=($!)
+scheduler=127.0.0.1:$(ready_port "$run/scheduler.ready")
+gateway=127.0.0.1:$(sed -n 's/.*http=\([0-9]*\).*/\1/p' "$run/scheduler.ready")
 for role in prefill decode; do
   $strata worker --role $role --model "$run/small-v3" --ready-file "$run/$role.ready" \
     --set worker.node_id=$role-0 --set worker.listen=127.0.0.1:0 --set worker.http_listen= \
-    --set worker.cache_address="$cache" --set log.file="$run/$role.log" &
+    --set worker.cache_address="$cache" --set worker.scheduler_address="$scheduler" \
+    --set log.file="$run/$role.log" &
   pids+=($!)
 done
 prefill=127.0.0.1:$(ready_port "$run/prefill.ready")
@@ -75,6 +83,24 @@ $strata generate --model "$run/small-v3" --prefill "$prefill" --decode "$decode"
   --prompt "$story Question two: what do decode nodes verify?"
 $strata admin cache --address "$cache" --token-file "$run/admin.token" stats
 
+step "a chat through the scheduler's OpenAI API (streamed), then a second turn on the same history"
+chat() {  # $1: the user's message; prints the streamed events, then the usage
+  local body="{\"model\":\"small-v3\",\"stream\":true,\"stream_options\":{\"include_usage\":true},\
+\"max_tokens\":16,\"messages\":[{\"role\":\"system\",\"content\":\"$story\"},\
+{\"role\":\"user\",\"content\":\"$1\"}]}"
+  for _ in $(seq 50); do  # until the workers have registered
+    if curl -sfN "http://$gateway/v1/chat/completions" -H 'Content-Type: application/json' \
+      -d "$body"; then return; fi
+    sleep 0.2
+  done
+  echo "the gateway did not answer" >&2; return 1
+}
+chat "What do prefill nodes write?" > "$run/turn1.sse"
+grep '^data' "$run/turn1.sse" | head -n 3
+grep -o '"usage":{.*}}' "$run/turn1.sse" || true
+echo "second turn:"
+chat "And what do decode nodes verify?" | grep -o '"usage":{.*}}' || true
+
 step "the scheduler's placement policies replaying the Mooncake trace (simulated 8+4-node cluster)"
 trace=../shared/data/traces/synthetic_trace.jsonl
 if [[ -f "$trace" ]]; then
@@ -84,5 +110,4 @@ else
 fi
 
 echo
-echo "Not yet here: the one-command local cluster with a streaming multi-turn chat through the"
-echo "OpenAI API (strata up, issue #8), which needs the scheduler's serving path (issue #7)."
+echo "Not yet here: one command for all of this (strata up, issue #8)."

@@ -11,7 +11,7 @@ PACKAGES=(
   librocksdb-dev libibverbs-dev rdma-core liburing-dev libxxhash-dev libssl-dev
   # utilities
   libcli11-dev nlohmann-json3-dev libspdlog-dev libfmt-dev libyaml-cpp-dev libboost-dev
-  libopenblas-dev libicu-dev
+  libopenblas-dev libicu-dev curl
   # tests and benchmarks
   libgtest-dev libgmock-dev libbenchmark-dev prometheus redis-server
 )
