@@ -1,43 +1,18 @@
 #include "scheduler/server/scheduler_admin_service.h"
 
+#include "common/bearer_auth.h"
 #include "common/grpc_status.h"
 #include "scheduler/server/scheduler_service.h"
 #include "spdlog/spdlog.h"
 
 namespace strata::scheduler {
-namespace {
-
-// Compares without an early exit, so response time does not reveal how much of a guess matched.
-bool ConstantTimeEquals(std::string_view a, std::string_view b) {
-  unsigned char diff = a.size() == b.size() ? 0 : 1;
-  for (size_t i = 0; i < a.size(); ++i) diff |= a[i] ^ b[i % (b.empty() ? 1 : b.size())];
-  return diff == 0 && !b.empty();
-}
-
-}  // namespace
 
 SchedulerAdminService::SchedulerAdminService(Scheduler* scheduler, NodeDirectory* directory,
                                              std::string admin_token)
     : scheduler_(scheduler), directory_(directory), token_(std::move(admin_token)) {}
 
 grpc::Status SchedulerAdminService::Authorize(const grpc::ServerContext* ctx) const {
-  if (token_.empty()) {
-    return {grpc::StatusCode::PERMISSION_DENIED,
-            "admin calls are disabled on this scheduler (no cluster.admin_token_file)"};
-  }
-  const auto& md = ctx->client_metadata();
-  auto it = md.find("authorization");
-  if (it == md.end()) {
-    return {grpc::StatusCode::UNAUTHENTICATED, "missing 'authorization: Bearer <token>'"};
-  }
-  const std::string_view value(it->second.data(), it->second.size());
-  constexpr std::string_view kBearer = "Bearer ";
-  if (value.substr(0, kBearer.size()) != kBearer ||
-      !ConstantTimeEquals(value.substr(kBearer.size()), token_)) {
-    spdlog::warn("scheduler admin: call with a wrong token from {}", ctx->peer());
-    return {grpc::StatusCode::UNAUTHENTICATED, "wrong admin token"};
-  }
-  return grpc::Status::OK;
+  return CheckBearerToken(*ctx, token_, "scheduler admin");
 }
 
 #define STRATA_ADMIN_AUTH()                             \
