@@ -12,6 +12,7 @@
 #include <memory>
 
 #include "absl/strings/str_format.h"
+#include "cli/admin_client.h"
 #include "cli/commands.h"
 #include "cli/strata_config.h"
 #include "common/block_key.h"
@@ -24,83 +25,14 @@
 namespace strata::cli {
 namespace {
 
-struct AdminFlags {
-  ConfigFlags config;
-  std::string address;
-  std::string token_file;
-  bool json = false;
-};
+std::string CacheAddress(const StrataConfig& config) { return config.cache.listen; }
 
-int ExitCodeFor(grpc::StatusCode code) {
-  switch (code) {
-    case grpc::StatusCode::UNAUTHENTICATED:
-    case grpc::StatusCode::PERMISSION_DENIED:
-      return 3;
-    case grpc::StatusCode::NOT_FOUND:
-    case grpc::StatusCode::FAILED_PRECONDITION:
-      return 4;
-    case grpc::StatusCode::UNAVAILABLE:
-    case grpc::StatusCode::DEADLINE_EXCEEDED:
-      return 5;
-    case grpc::StatusCode::INVALID_ARGUMENT:
-      return 2;
-    default:
-      return 1;
-  }
-}
-
-class AdminClient {
+// Cache admin calls can scan or move many blocks: a generous deadline.
+class CacheAdminClient : public AdminClient<v1::CacheAdmin> {
  public:
-  explicit AdminClient(const AdminFlags& flags) : json_(flags.json) {
-    StrataConfig config;
-    ConfigSchema schema;
-    config.Register(schema);
-    if (absl::Status st =
-            schema.Load({.file = flags.config.file, .overrides = flags.config.overrides});
-        !st.ok()) {
-      Fail(2, StrCat("config: ", st.message()));
-    }
-    const std::string address = flags.address.empty() ? config.cache.listen : flags.address;
-    std::string token_file =
-        flags.token_file.empty() ? config.cluster.admin_token_file : flags.token_file;
-    if (const char* env = std::getenv("STRATA_ADMIN_TOKEN"); env && token_file.empty()) {
-      token_ = env;
-    } else if (!token_file.empty()) {
-      auto token = ReadSecretFile(token_file, "admin token");
-      if (!token.ok()) Fail(2, std::string(token.status().message()));
-      token_ = *std::move(token);
-    }
-    stub_ =
-        v1::CacheAdmin::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
-  }
-
-  template <typename Req, typename Resp, typename Method>
-  Resp Call(Method method, const Req& req) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
-    if (!token_.empty()) ctx.AddMetadata("authorization", "Bearer " + token_);
-    Resp resp;
-    const grpc::Status st = ((*stub_).*method)(&ctx, req, &resp);
-    if (!st.ok()) Fail(ExitCodeFor(st.error_code()), StrCat("cache admin: ", st.error_message()));
-    return resp;
-  }
-
-  bool json() const { return json_; }
-
- private:
-  bool json_;
-  std::string token_;
-  std::unique_ptr<v1::CacheAdmin::Stub> stub_;
+  explicit CacheAdminClient(const AdminFlags& flags)
+      : AdminClient(flags, &CacheAddress, "cache admin", std::chrono::seconds(60)) {}
 };
-
-void PrintJson(const google::protobuf::Message& m) {
-  std::string out;
-  google::protobuf::util::JsonPrintOptions options;
-  options.add_whitespace = true;
-  options.always_print_primitive_fields = true;
-  (void)google::protobuf::util::MessageToJsonString(m, &out, options);
-  std::cout << out;
-}
 
 std::string TierLabel(int tier) {
   switch (tier) {
@@ -197,7 +129,7 @@ void RegisterAdminCacheCommand(CLI::App& app) {
   cache->add_flag("--json", flags->json, "Print the response as JSON");
 
   cache->add_subcommand("stats", "Server and tier statistics")->callback([flags] {
-    AdminClient c(*flags);
+    CacheAdminClient c(*flags);
     auto s = c.Call<v1::GetStatsRequest, v1::GetStatsResponse>(&v1::CacheAdmin::Stub::GetStats, {});
     if (c.json()) return PrintJson(s);
     std::cout << "server " << s.server_id() << "  up " << s.uptime_ms() / 1000 << "s  blocks "
@@ -206,7 +138,7 @@ void RegisterAdminCacheCommand(CLI::App& app) {
     PrintTiers(s);
   });
   cache->add_subcommand("tiers", "Per-tier capacity, usage and hit ratio")->callback([flags] {
-    AdminClient c(*flags);
+    CacheAdminClient c(*flags);
     auto s = c.Call<v1::GetStatsRequest, v1::GetStatsResponse>(&v1::CacheAdmin::Stub::GetStats, {});
     if (c.json()) {
       v1::GetStatsResponse only;
@@ -227,7 +159,7 @@ void RegisterAdminCacheCommand(CLI::App& app) {
     auto bytes = ParseBytes(*cap_size);
     if (!bytes.ok()) Fail(2, StrCat("--capacity: ", bytes.status().message()));
     req.set_capacity_bytes(*bytes);
-    AdminClient c(*flags);
+    CacheAdminClient c(*flags);
     auto r = c.Call<v1::SetTierCapacityRequest, v1::SetTierCapacityResponse>(
         &v1::CacheAdmin::Stub::SetTierCapacity, req);
     if (c.json()) return PrintJson(r);
@@ -254,7 +186,7 @@ void RegisterAdminCacheCommand(CLI::App& app) {
       if (!ns.ok()) Fail(2, StrCat("--namespace: ", ns.status().message()));
       req.set_namespace_id(std::string(ns->View()));
     }
-    AdminClient c(*flags);
+    CacheAdminClient c(*flags);
     v1::ListBlocksResponse all;
     do {
       auto page = c.Call<v1::ListBlocksRequest, v1::ListBlocksResponse>(
@@ -294,7 +226,7 @@ void RegisterAdminCacheCommand(CLI::App& app) {
     *req.mutable_selector() = ToSelector(*ev_sel);
     req.set_tier(ParseTier(*ev_tier));
     req.set_include_pinned(*ev_pinned);
-    AdminClient c(*flags);
+    CacheAdminClient c(*flags);
     auto r = c.Call<v1::EvictRequest, v1::EvictResponse>(&v1::CacheAdmin::Stub::Evict, req);
     if (c.json()) return PrintJson(r);
     std::cout << "evicted " << r.evicted_blocks() << " blocks (" << FormatBytes(r.freed_bytes())
@@ -319,7 +251,7 @@ void RegisterAdminCacheCommand(CLI::App& app) {
       req.set_kind(v1::PIN_TTL);
       req.set_ttl_seconds(static_cast<uint32_t>(absl::ToInt64Seconds(d)));
     }
-    AdminClient c(*flags);
+    CacheAdminClient c(*flags);
     auto r = c.Call<v1::PinRequest, v1::PinResponse>(&v1::CacheAdmin::Stub::Pin, req);
     if (c.json()) return PrintJson(r);
     std::cout << "pinned " << r.pinned_blocks() << " blocks, " << r.missing_blocks()
@@ -332,14 +264,14 @@ void RegisterAdminCacheCommand(CLI::App& app) {
   unpin->callback([flags, unpin_sel] {
     v1::UnpinRequest req;
     *req.mutable_selector() = ToSelector(*unpin_sel);
-    AdminClient c(*flags);
+    CacheAdminClient c(*flags);
     auto r = c.Call<v1::UnpinRequest, v1::UnpinResponse>(&v1::CacheAdmin::Stub::Unpin, req);
     if (c.json()) return PrintJson(r);
     std::cout << "unpinned " << r.unpinned_blocks() << " blocks\n";
   });
 
   cache->add_subcommand("flush", "Write every DRAM-only block to SSD")->callback([flags] {
-    AdminClient c(*flags);
+    CacheAdminClient c(*flags);
     auto r = c.Call<v1::FlushRequest, v1::FlushResponse>(&v1::CacheAdmin::Stub::Flush, {});
     if (c.json()) return PrintJson(r);
     std::cout << "flushed " << r.flushed_blocks() << " blocks (" << FormatBytes(r.flushed_bytes())
@@ -356,7 +288,7 @@ void RegisterAdminCacheCommand(CLI::App& app) {
     v1::VerifyRequest req;
     req.set_tier(ParseTier(*ver_tier));
     req.set_max_blocks(*ver_max);
-    AdminClient c(*flags);
+    CacheAdminClient c(*flags);
     auto r = c.Call<v1::VerifyRequest, v1::VerifyResponse>(&v1::CacheAdmin::Stub::Verify, req);
     if (c.json()) {
       PrintJson(r);
@@ -374,7 +306,7 @@ void RegisterAdminCacheCommand(CLI::App& app) {
   drain->callback([flags, drain_target] {
     v1::DrainRequest req;
     req.set_target_address(*drain_target);
-    AdminClient c(*flags);
+    CacheAdminClient c(*flags);
     auto r = c.Call<v1::DrainRequest, v1::DrainResponse>(&v1::CacheAdmin::Stub::Drain, req);
     if (c.json()) return PrintJson(r);
     std::cout << "moved " << r.moved_blocks() << " blocks (" << FormatBytes(r.moved_bytes())

@@ -11,6 +11,7 @@
 #include <memory>
 
 #include "absl/strings/str_format.h"
+#include "cli/admin_client.h"
 #include "cli/commands.h"
 #include "cli/strata_config.h"
 #include "common/file_util.h"
@@ -20,81 +21,13 @@
 namespace strata::cli {
 namespace {
 
-struct SchedulerAdminFlags {
-  ConfigFlags config;
-  std::string address;
-  std::string token_file;
-  bool json = false;
-};
+std::string SchedulerAddress(const StrataConfig& config) { return config.scheduler.listen; }
 
-int SchedulerExitCode(grpc::StatusCode code) {
-  switch (code) {
-    case grpc::StatusCode::UNAUTHENTICATED:
-    case grpc::StatusCode::PERMISSION_DENIED:
-      return 3;
-    case grpc::StatusCode::NOT_FOUND:
-      return 4;
-    case grpc::StatusCode::UNAVAILABLE:
-    case grpc::StatusCode::DEADLINE_EXCEEDED:
-      return 5;
-    case grpc::StatusCode::INVALID_ARGUMENT:
-      return 2;
-    default:
-      return 1;
-  }
-}
-
-class SchedulerAdminClient {
+class SchedulerAdminClient : public AdminClient<v1::SchedulerAdmin> {
  public:
-  explicit SchedulerAdminClient(const SchedulerAdminFlags& flags) {
-    StrataConfig config;
-    ConfigSchema schema;
-    config.Register(schema);
-    if (absl::Status st =
-            schema.Load({.file = flags.config.file, .overrides = flags.config.overrides});
-        !st.ok()) {
-      Fail(2, StrCat("config: ", st.message()));
-    }
-    const std::string address = flags.address.empty() ? config.scheduler.listen : flags.address;
-    const std::string token_file =
-        flags.token_file.empty() ? config.cluster.admin_token_file : flags.token_file;
-    if (const char* env = std::getenv("STRATA_ADMIN_TOKEN"); env && token_file.empty()) {
-      token_ = env;
-    } else if (!token_file.empty()) {
-      auto token = ReadSecretFile(token_file, "admin token");
-      if (!token.ok()) Fail(2, std::string(token.status().message()));
-      token_ = *std::move(token);
-    }
-    stub_ = v1::SchedulerAdmin::NewStub(
-        grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
-  }
-
-  template <typename Req, typename Resp, typename Method>
-  Resp Call(Method method, const Req& req) {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-    if (!token_.empty()) ctx.AddMetadata("authorization", "Bearer " + token_);
-    Resp resp;
-    const grpc::Status st = ((*stub_).*method)(&ctx, req, &resp);
-    if (!st.ok()) {
-      Fail(SchedulerExitCode(st.error_code()), StrCat("scheduler admin: ", st.error_message()));
-    }
-    return resp;
-  }
-
- private:
-  std::string token_;
-  std::unique_ptr<v1::SchedulerAdmin::Stub> stub_;
+  explicit SchedulerAdminClient(const AdminFlags& flags)
+      : AdminClient(flags, &SchedulerAddress, "scheduler admin", std::chrono::seconds(30)) {}
 };
-
-void PrintJson(const google::protobuf::Message& m) {
-  std::string out;
-  google::protobuf::util::JsonPrintOptions options;
-  options.add_whitespace = true;
-  options.always_print_primitive_fields = true;
-  (void)google::protobuf::util::MessageToJsonString(m, &out, options);
-  std::cout << out;
-}
 
 std::string RoleLabel(v1::NodeRole role) {
   switch (role) {
@@ -131,7 +64,7 @@ void RegisterAdminSchedulerCommand(CLI::App& app) {
   CLI::App* sched =
       AdminGroup(app).add_subcommand("scheduler", "Inspect and steer the global scheduler");
   sched->require_subcommand(1);
-  auto flags = std::make_shared<SchedulerAdminFlags>();
+  auto flags = std::make_shared<AdminFlags>();
   sched->add_option("--address,-a", flags->address,
                     "Scheduler gRPC address (default: scheduler.listen)");
   sched->add_option("--token-file", flags->token_file,
