@@ -439,8 +439,12 @@ bool WorkerCore::Step() {
   }
   if (decode.empty() && prefill.empty()) {
     std::lock_guard<std::mutex> lock(mu_);
-    load_.set_running_requests(static_cast<uint32_t>(running_.size()));
+    load_.set_queued_requests(static_cast<uint32_t>(waiting_.size() + swapped_.size()));
+    load_.set_running_requests(static_cast<uint32_t>(running_.size() + loading_count_));
     load_.set_free_kv_pages(static_cast<uint32_t>(pool.free_pages()));
+    Metrics().queued.Set(load_.queued_requests());
+    Metrics().running.Set(load_.running_requests());
+    Metrics().free_pages.Set(load_.free_kv_pages());
     return false;
   }
 
@@ -510,6 +514,9 @@ bool WorkerCore::Step() {
   load_.set_prefill_ms_per_token(prefill_ms_per_token_);
   load_.set_decode_step_ms(decode_step_ms_);
   load_.set_decode_batch_size(static_cast<uint32_t>(decode.size()));
+  Metrics().queued.Set(load_.queued_requests());
+  Metrics().running.Set(load_.running_requests());
+  Metrics().free_pages.Set(load_.free_kv_pages());
   return true;
 }
 

@@ -20,6 +20,14 @@ CoreMetrics& Metrics() {
         .step = r.AddHistogram("strata_worker_step_seconds", "Engine step time", {},
                                ExponentialBuckets(1e-4, 2, 16))
                     .Labels({}),
+        .queued = r.AddGauge("strata_worker_queued_requests",
+                             "Requests waiting for pages (new or swapped out)", {})
+                      .Labels({}),
+        .running = r.AddGauge("strata_worker_running_requests",
+                              "Requests holding KV pages (loading, prefilling, decoding)", {})
+                       .Labels({}),
+        .free_pages =
+            r.AddGauge("strata_worker_free_kv_pages", "Free pages of the KV pool", {}).Labels({}),
     };
   }();
   return *m;

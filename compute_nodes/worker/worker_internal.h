@@ -19,6 +19,9 @@ struct CoreMetrics {
   MetricFamily<Counter>& swaps;
   MetricFamily<Counter>& requests;
   Histogram& step;
+  Gauge& queued;      // waiting + swapped-out requests
+  Gauge& running;     // requests holding pages (loading, prefilling, decoding)
+  Gauge& free_pages;  // free KV pages
 };
 CoreMetrics& Metrics();
 

@@ -361,6 +361,13 @@ TEST_P(WorkerClusterTest, SwapOutAndInUnderPagePressureKeepsOutputs) {
   }
   EXPECT_GT(Metric(*w, "strata_worker_swaps_total", "direction=\"out\""), 0);
   EXPECT_GT(Metric(*w, "strata_worker_swaps_total", "direction=\"in\""), 0);
+  // Idle again: every page is free, nothing waits or runs (the gauges follow within a step).
+  for (int i = 0; i < 100 && Metric(*w, "strata_worker_free_kv_pages") != 8; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(Metric(*w, "strata_worker_free_kv_pages"), 8);
+  EXPECT_EQ(Metric(*w, "strata_worker_running_requests"), 0);
+  EXPECT_EQ(Metric(*w, "strata_worker_queued_requests"), 0);
 }
 
 TEST_P(WorkerClusterTest, CorruptBlocksInTransitAreRecomputed) {
