@@ -257,7 +257,7 @@ void WorkerCore::AdmitLocked(std::vector<SeqPtr>* ready) {
     int64_t fetchable = (seq->prefill_target() - (must_sample ? 1 : 0)) / block_tokens_;
     if (options_.max_fetch_blocks > 0) fetchable = std::min(fetchable, options_.max_fetch_blocks);
     const bool has_cache =
-        seq->first_load && !seq->spec.cache_address.empty() ? true : caches_.has_local();
+        (seq->first_load && !seq->spec.cache_address.empty()) || caches_.has_local();
     if (fetchable > 0 && has_cache) {
       ExtendKeys(*seq, fetchable);
       seq->fetch_blocks = fetchable;
@@ -439,12 +439,7 @@ bool WorkerCore::Step() {
   }
   if (decode.empty() && prefill.empty()) {
     std::lock_guard<std::mutex> lock(mu_);
-    load_.set_queued_requests(static_cast<uint32_t>(waiting_.size() + swapped_.size()));
-    load_.set_running_requests(static_cast<uint32_t>(running_.size() + loading_count_));
-    load_.set_free_kv_pages(static_cast<uint32_t>(pool.free_pages()));
-    Metrics().queued.Set(load_.queued_requests());
-    Metrics().running.Set(load_.running_requests());
-    Metrics().free_pages.Set(load_.free_kv_pages());
+    RefreshLoadLocked(0);
     return false;
   }
 
@@ -502,6 +497,11 @@ bool WorkerCore::Step() {
   ++stats_.steps;
   stats_.computed_tokens += prefill_tokens;
   stats_.generated_tokens += static_cast<int64_t>(decode.size());
+  RefreshLoadLocked(decode.size());
+  return true;
+}
+
+void WorkerCore::RefreshLoadLocked(size_t decode_batch) {
   uint64_t queued_tokens = 0;
   for (const SeqPtr& s : waiting_) queued_tokens += s->prompt_len;
   uint64_t running_tokens = 0;
@@ -510,14 +510,13 @@ bool WorkerCore::Step() {
   load_.set_running_requests(static_cast<uint32_t>(running_.size() + loading_count_));
   load_.set_queued_prefill_tokens(queued_tokens);
   load_.set_running_tokens(running_tokens);
-  load_.set_free_kv_pages(static_cast<uint32_t>(pool.free_pages()));
+  load_.set_free_kv_pages(static_cast<uint32_t>(engine_.kv_pool().free_pages()));
   load_.set_prefill_ms_per_token(prefill_ms_per_token_);
   load_.set_decode_step_ms(decode_step_ms_);
-  load_.set_decode_batch_size(static_cast<uint32_t>(decode.size()));
+  load_.set_decode_batch_size(static_cast<uint32_t>(decode_batch));
   Metrics().queued.Set(load_.queued_requests());
   Metrics().running.Set(load_.running_requests());
   Metrics().free_pages.Set(load_.free_kv_pages());
-  return true;
 }
 
 }  // namespace strata::worker

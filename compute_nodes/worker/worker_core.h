@@ -100,6 +100,8 @@ class WorkerCore {
   void AfterPrefill(const SeqPtr& seq, const std::vector<float>& logits);
   void AfterDecode(const SeqPtr& seq, const std::vector<float>& logits);
   int64_t PagesFor(int64_t tokens) const;
+  // Recomputes load_ (and the gauges) from the queues and the pool. Loop thread, mu_ held.
+  void RefreshLoadLocked(size_t decode_batch);
 
   runtime::Engine& engine_;
   CacheDirectory& caches_;

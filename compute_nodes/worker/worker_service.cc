@@ -95,10 +95,8 @@ absl::StatusOr<RequestSpec> WorkerService::MakeSpec(const Common& c, RequestKind
   RequestSpec spec;
   spec.kind = kind;
   spec.id = c.request_id.empty() ? StrCat(options_.node_id, "-", next_request++) : c.request_id;
+  // Ids past the vocabulary (including those that wrap to negative) are refused by Submit.
   spec.prompt.assign(c.prompt.begin(), c.prompt.end());
-  for (uint32_t id : c.prompt) {
-    if (id > static_cast<uint32_t>(INT32_MAX)) return absl::InvalidArgumentError("bad token id");
-  }
   runtime::SamplingParams& s = spec.sampling;
   s.temperature = c.sampling.temperature();
   s.top_p = c.sampling.top_p() > 0 ? c.sampling.top_p() : 1.0f;
@@ -133,7 +131,7 @@ absl::StatusOr<RequestSpec> WorkerService::MakeSpec(const Common& c, RequestKind
       }
     }
   }
-  spec.save_blocks = true;  // proto3 default false cannot mean "do not save" for old callers
+  spec.save_blocks = !c.cache.has_save_blocks() || c.cache.save_blocks();
   spec.cache_address = c.cache.cache_address();
   spec.priority = c.priority;
   if (c.deadline_unix_ms > 0) spec.deadline = absl::FromUnixMillis(c.deadline_unix_ms);

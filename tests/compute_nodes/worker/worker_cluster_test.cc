@@ -293,6 +293,19 @@ TEST_P(WorkerClusterTest, PrefillThroughTheCacheToDecode) {
   EXPECT_GT(Metric(*decode, "strata_cache_client_bytes_total", "transport=\"shm\""), 0);
   EXPECT_EQ(Metric(*decode, "strata_cache_client_bytes_total", "transport=\"tcp\""), 0);
 
+  // A plan that asks not to save publishes nothing (and hands over no blocks).
+  {
+    grpc::ClientContext nctx;
+    v1::PrefillRequest nreq;
+    SetPrompt(&nreq, Prompt(150, 3));
+    *nreq.mutable_sampling() = Greedy(1);
+    nreq.mutable_cache()->set_save_blocks(false);
+    v1::PrefillResponse nresp;
+    ASSERT_TRUE(pstub->Prefill(&nctx, nreq, &nresp).ok());
+    EXPECT_EQ(nresp.block_keys_size(), 0);
+    EXPECT_EQ(nresp.computed_tokens(), 150u);
+  }
+
   // Roles are enforced.
   v1::PrefillResponse refused;
   EXPECT_EQ(Prefill(*dstub, prompt, &refused).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
