@@ -41,6 +41,9 @@ void RegisterSchedulerServeCommand(CLI::App& app);
 // strata admin scheduler nodes|drain|policy|index
 void RegisterAdminSchedulerCommand(CLI::App& app);
 
+// strata batch (offline batch inference through the gateway, scheduler/batch/)
+void RegisterBatchCommand(CLI::App& app);
+
 // strata tokenize (compute_nodes/tokenizer)
 void RegisterTokenizeCommand(CLI::App& app);
 

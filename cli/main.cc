@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   strata::cli::RegisterSchedulerCommands(app);
   strata::cli::RegisterSchedulerServeCommand(app);
   strata::cli::RegisterAdminSchedulerCommand(app);
+  strata::cli::RegisterBatchCommand(app);
   strata::cli::RegisterTokenizeCommand(app);
   strata::cli::RegisterModelCommand(app);
   strata::cli::RegisterGenerateCommand(app);
