@@ -57,8 +57,10 @@ class OpenAiClient {  // not thread-safe; one per thread
   // Streams SSE: calls on_event for each `data:` JSON payload until `data: [DONE]`.
   // A non-200 reply is returned as HttpReply with its body, without events.
   // If on_event returns false the stream is abandoned (connection closed).
-  // A 200 reply's body is empty (the events went to on_event). A stream that ends without
-  // [DONE] is UNAVAILABLE; a payload that is not JSON is DATA_LOSS.
+  // A 200 reply's body is empty (the events went to on_event). A failure after the stream
+  // started arrives as an event holding an OpenAI "error" object (then [DONE]), as the gateway
+  // sends it. A stream that ends without [DONE] is UNAVAILABLE; a payload that is not JSON is
+  // DATA_LOSS.
   absl::StatusOr<HttpReply> PostStream(std::string_view path, const nlohmann::json& body,
                                        const std::function<bool(const nlohmann::json&)>& on_event);
 
