@@ -34,6 +34,7 @@ void RegisterBenchTransferCommand(CLI::App& app);  // strata bench transfer
 void RegisterBenchStoreCommand(CLI::App& app);     // strata bench store
 void RegisterBenchWorkerCommand(CLI::App& app);    // strata bench worker
 void RegisterUpCommand(CLI::App& app);             // strata up (a local cluster)
+void RegisterChatCommand(CLI::App& app);           // strata chat (a demo client of the API)
 void RegisterModelCommand(CLI::App& app);          // strata model make-random | logits
 void RegisterGenerateCommand(CLI::App& app);       // strata generate
 
@@ -41,6 +42,9 @@ void RegisterGenerateCommand(CLI::App& app);       // strata generate
 void RegisterSchedulerServeCommand(CLI::App& app);
 // strata admin scheduler nodes|drain|policy|index
 void RegisterAdminSchedulerCommand(CLI::App& app);
+
+// strata batch (offline batch inference through the gateway, scheduler/batch/)
+void RegisterBatchCommand(CLI::App& app);
 
 // strata tokenize (compute_nodes/tokenizer)
 void RegisterTokenizeCommand(CLI::App& app);

@@ -14,11 +14,13 @@ int main(int argc, char** argv) {
   strata::cli::RegisterConfigCommand(app);
   strata::cli::RegisterInfoCommand(app);
   strata::cli::RegisterUpCommand(app);
+  strata::cli::RegisterChatCommand(app);
   strata::cli::RegisterCacheCommand(app);
   strata::cli::RegisterWorkerCommand(app);
   strata::cli::RegisterSchedulerCommands(app);
   strata::cli::RegisterSchedulerServeCommand(app);
   strata::cli::RegisterAdminSchedulerCommand(app);
+  strata::cli::RegisterBatchCommand(app);
   strata::cli::RegisterTokenizeCommand(app);
   strata::cli::RegisterModelCommand(app);
   strata::cli::RegisterGenerateCommand(app);
