@@ -17,7 +17,8 @@ What it checks (each failure is printed; the exit status is 1 if there is any):
   - systemd units: `systemd-analyze verify` (when present) with no unknown keys, and each unit's
     --config file is the example config shipped next to it;
   - the Dockerfile exposes the ports of the k8s config;
-  - `kubectl kustomize deploy/k8s` renders (when kubectl is present; it works offline).
+  - `kubectl kustomize deploy/k8s` renders (when kubectl is present; it works offline);
+  - docs/operations.md names every config key.
 """
 import argparse
 import json
@@ -490,6 +491,16 @@ def check_kustomize(root):
         error("deploy/k8s", f"kubectl kustomize failed: {r.stderr.strip()}")
 
 
+def check_docs(root, strata):
+    """docs/operations.md names every config key the binary knows (its reference tables)."""
+    path = os.path.join(root, "docs", "operations.md")
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    for key in sorted(strata.keys()):
+        if f"`{key}`" not in text:
+            error("docs/operations.md", f"config key `{key}` is not documented")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--strata", required=True, help="the strata binary")
@@ -502,7 +513,7 @@ def main():
     used = set()
     checks = [lambda: check_k8s(root, docs, strata), lambda: check_helm(root, strata),
               lambda: check_systemd(root, strata), lambda: check_dockerfile(root, docs),
-              lambda: used.update(check_grafana(root) or ())]
+              lambda: used.update(check_grafana(root) or ()), lambda: check_docs(root, strata)]
     if not args.no_kubectl:
         checks.append(lambda: check_kustomize(root))
     for check in checks:

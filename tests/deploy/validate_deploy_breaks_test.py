@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Shows that scripts/validate-deploy.py catches broken deployment files: each case copies
-deploy/ into a scratch tree, breaks one thing, and expects the validator to fail naming it.
+deploy/ (and docs/) into a scratch tree, breaks one thing, and expects the validator to fail naming it.
 
   validate_deploy_breaks_test.py --strata build/cli/strata --root .
 """
@@ -80,6 +80,9 @@ CASES = [
      lambda t: edit(f"{t}/deploy/systemd/strata-scheduler.service", "/etc/strata/strata.yaml",
                     "/etc/strata/scheduler.yaml"),
      "ExecStart must read --config /etc/strata/strata.yaml"),
+    ("config key missing from the docs",
+     lambda t: edit(f"{t}/docs/operations.md", "`cache.shm_socket`", "`cache.shm-socket`", count=-1),
+     "config key `cache.shm_socket` is not documented"),
     ("Dockerfile exposing another port",
      lambda t: edit(f"{t}/deploy/docker/Dockerfile", "EXPOSE 7300 8000", "EXPOSE 7300 8080"),
      "EXPOSE"),
@@ -94,10 +97,12 @@ if shutil.which("systemd-analyze"):
 def make_tree(root, scratch):
     """deploy/ copied (it gets broken), the source folders linked (for the metric names)."""
     tree = tempfile.mkdtemp(dir=scratch)
-    shutil.copytree(os.path.join(root, "deploy"), os.path.join(tree, "deploy"), symlinks=True)
+    for name in ("deploy", "docs"):
+        shutil.copytree(os.path.join(root, name), os.path.join(tree, name), symlinks=True)
     for name in os.listdir(root):
         full = os.path.join(root, name)
-        if name not in ("deploy", "tests") and not name.startswith(".") and os.path.isdir(full):
+        if name not in ("deploy", "docs", "tests") and not name.startswith(".") and \
+                os.path.isdir(full):
             os.symlink(full, os.path.join(tree, name))
     return tree
 
