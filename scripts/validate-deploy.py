@@ -11,7 +11,8 @@ What it checks (each failure is printed; the exit status is 1 if there is any):
     with the ports of the Strata config in the ConfigMap; every STRATA_* variable names a real key;
   - the ConfigMap's config, the systemd example config and the Helm chart's `config` value are
     accepted by the real binary (`strata config print --config FILE`);
-  - every metric the Grafana dashboard queries is registered somewhere in the source tree;
+  - every metric the Grafana dashboard queries is registered somewhere in the source tree, and
+    each query parses as PromQL (`promtool check rules`, when promtool is present);
   - the Helm chart: Chart.yaml and values.yaml parse, every .Values path used in a template exists
     in values.yaml, every included template is defined, template actions and blocks balance;
   - systemd units: `systemd-analyze verify` (when present) with no unknown keys, and each unit's
@@ -334,6 +335,7 @@ def check_grafana(root):
     walk(dash)
     if not exprs:
         error(rel(root, path), "no queries")
+    check_promql(rel(root, path), [e for e in exprs if not e.startswith("label_values(")])
     known = registered_metrics(root)
     used = set()
     for e in exprs:
@@ -343,6 +345,31 @@ def check_grafana(root):
     for m in sorted(used - known):
         error(rel(root, path), f"queries {m}, which no source file registers")
     return used
+
+
+def check_promql(where, exprs):
+    """Parses each PromQL query with `promtool check rules` (Grafana's variables filled in)."""
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        NOTES.append("promtool not found: the dashboard's PromQL was not parsed")
+        return
+    fill = {"$__rate_interval": "5m", "$__range": "1h", "$__interval": "1m", "$instance": ".*"}
+    rules = []
+    for i, e in enumerate(exprs):
+        for var, value in fill.items():
+            e = e.replace(var, value)
+        rules.append({"record": f"strata:dashboard_query_{i}", "expr": e})
+    with tempfile.NamedTemporaryFile("w", suffix=".yml", delete=False) as f:
+        yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}, f)
+        name = f.name
+    try:
+        r = subprocess.run([promtool, "check", "rules", name], capture_output=True, text=True,
+                           timeout=60)
+        if r.returncode != 0:
+            error(where, f"PromQL does not parse (promtool check rules): "
+                  f"{(r.stderr or r.stdout).strip()}")
+    finally:
+        os.unlink(name)
 
 
 # ---------------------------------------------------------------------------------------------
