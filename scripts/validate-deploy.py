@@ -295,7 +295,7 @@ def registered_metrics(root):
     names = set()
     pattern = re.compile(r'"(strata_[a-z0-9_]+)"')
     for top in os.listdir(root):
-        if top in ("tests", "deploy", "docs", "build") or top.startswith("."):
+        if top in ("tests", "deploy", "docs", "node_modules") or top.startswith((".", "build")):
             continue
         base = os.path.join(root, top)
         if not os.path.isdir(base):

@@ -98,11 +98,18 @@ if shutil.which("systemd-analyze"):
                   "systemd-analyze verify"))
 
 
+def skip_large(directory, names):
+    """Leaves out big files (e.g. a model checkpoint `strata up` wrote under deploy/local/)."""
+    return [n for n in names if os.path.isfile(os.path.join(directory, n)) and
+            os.path.getsize(os.path.join(directory, n)) > (1 << 20)]
+
+
 def make_tree(root, scratch):
     """deploy/ copied (it gets broken), the source folders linked (for the metric names)."""
     tree = tempfile.mkdtemp(dir=scratch)
     for name in ("deploy", "docs"):
-        shutil.copytree(os.path.join(root, name), os.path.join(tree, name), symlinks=True)
+        shutil.copytree(os.path.join(root, name), os.path.join(tree, name), symlinks=True,
+                        ignore=skip_large)
     for name in os.listdir(root):
         full = os.path.join(root, name)
         if name not in ("deploy", "docs", "tests") and not name.startswith(".") and \
