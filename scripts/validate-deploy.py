@@ -9,8 +9,9 @@ What it checks (each failure is printed; the exit status is 1 if there is any):
     template labels; every Service selects a workload and its named target ports exist there;
     the containers' ports, probe ports, Prometheus annotations and STRATA_*_LISTEN overrides agree
     with the ports of the Strata config in the ConfigMap; every STRATA_* variable names a real key;
-  - the ConfigMap's config, the systemd example config and the Helm chart's `config` value are
-    accepted by the real binary (`strata config print --config FILE`);
+  - the ConfigMap's config, the systemd example config, the Helm chart's `config` value and the
+    `strata up` configs in deploy/local/ are accepted by the real binary
+    (`strata config print --config FILE`);
   - every metric the Grafana dashboard queries is registered somewhere in the source tree, and
     each query parses as PromQL (`promtool check rules`, when promtool is present);
   - the Helm chart: Chart.yaml and values.yaml parse, every .Values path used in a template exists
@@ -518,6 +519,17 @@ def check_kustomize(root):
         error("deploy/k8s", f"kubectl kustomize failed: {r.stderr.strip()}")
 
 
+def check_local(root, strata):
+    """deploy/local/*.yaml (the `strata up` clusters) are Strata configs the binary accepts."""
+    ldir = os.path.join(root, "deploy", "local")
+    if not os.path.isdir(ldir):
+        return
+    for name in sorted(os.listdir(ldir)):
+        if name.endswith((".yaml", ".yml")):
+            with open(os.path.join(ldir, name), encoding="utf-8") as f:
+                strata.check_config(f"deploy/local/{name}", f.read())
+
+
 def check_docs(root, strata):
     """docs/operations.md names every config key the binary knows (its reference tables)."""
     path = os.path.join(root, "docs", "operations.md")
@@ -540,7 +552,8 @@ def main():
     used = set()
     checks = [lambda: check_k8s(root, docs, strata), lambda: check_helm(root, strata),
               lambda: check_systemd(root, strata), lambda: check_dockerfile(root, docs),
-              lambda: used.update(check_grafana(root) or ()), lambda: check_docs(root, strata)]
+              lambda: used.update(check_grafana(root) or ()), lambda: check_docs(root, strata),
+              lambda: check_local(root, strata)]
     if not args.no_kubectl:
         checks.append(lambda: check_kustomize(root))
     for check in checks:

@@ -91,6 +91,13 @@ CASES = [
      lambda t: edit(f"{t}/deploy/docker/Dockerfile", "EXPOSE 7300 8000", "EXPOSE 7300 8080"),
      "EXPOSE"),
 ]
+_LOCAL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "deploy", "local",
+                      "cluster.yaml")
+if os.path.exists(_LOCAL) and "\n  policy: strata" in open(_LOCAL, encoding="utf-8").read():
+    CASES.append(("strata up config the binary refuses",
+                  lambda t: edit(f"{t}/deploy/local/cluster.yaml", "\n  policy: strata",
+                                 "\n  policy: fastest"),
+                  "deploy/local/cluster.yaml: `strata config print` refused"))
 if shutil.which("systemd-analyze"):
     CASES.append(("systemd unit with an unknown key",
                   lambda t: edit(f"{t}/deploy/systemd/strata-cache.service", "Restart=on-failure",
