@@ -1,0 +1,300 @@
+// Prefill attention, FlashAttention-2 style on mma.sync (m16n8k16 bf16, fp32 accumulate).
+//
+// One block of 8 warps takes 128 query rows of one (sequence, head); warp w owns rows
+// [16w, 16w + 16). Key/value tiles of 64 tokens stream through a 2-stage cp.async ring; S = Q K^T
+// and O += P V run on the tensor cores with ldmatrix operands; the online softmax is in base 2.
+// Shared memory rows are padded by 16 bytes so ldmatrix's 8 row addresses hit distinct banks.
+#include <cmath>
+#include <string>
+
+#include "kernels/prefill_attention/prefill_attention.h"
+
+namespace strata::kernels {
+namespace {
+
+constexpr int kBlockM = 128;
+constexpr int kBlockN = 64;
+constexpr int kWarps = 8;
+constexpr int kThreads = 32 * kWarps;
+constexpr int kQkStride = kPrefillQkDim + 8;  // bf16 elements per shared row
+constexpr int kVStride = kPrefillVDim + 8;
+constexpr int kQBytes = kBlockM * kQkStride * 2;
+constexpr int kKStageBytes = kBlockN * kQkStride * 2;
+constexpr int kVStageBytes = kBlockN * kVStride * 2;
+constexpr int kSmemBytes = kQBytes + 2 * kKStageBytes + 2 * kVStageBytes;
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+__device__ __forceinline__ void CpAsync16(void* smem, const void* gmem, bool valid) {
+  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem),
+               "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n"); }
+template <int kPending>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
+__device__ __forceinline__ void LdMatrixX4(uint32_t (&r)[4], const __nv_bfloat16* p) {
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4], const __nv_bfloat16* p) {
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void Mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                    uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// Copies `rows` rows of `dim` bf16 (row r at src + r * stride) into shared rows of
+// `smem_stride`; rows at or past `valid` are zero-filled without reading.
+template <int kRows, int kDim, int kSmemStride>
+__device__ __forceinline__ void LoadTile(__nv_bfloat16* smem, const __nv_bfloat16* src,
+                                         int64_t stride, int valid) {
+  constexpr int kChunks = kDim / 8;
+#pragma unroll
+  for (int i = 0; i < kRows * kChunks / kThreads; ++i) {
+    const int c = threadIdx.x + i * kThreads;
+    const int r = c / kChunks, col = (c % kChunks) * 8;
+    const bool ok = r < valid;
+    CpAsync16(smem + r * kSmemStride + col, ok ? src + r * stride + col : src, ok);
+  }
+}
+
+__global__ void __launch_bounds__(kThreads, 1) PrefillAttentionKernel(PrefillAttentionParams p) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  auto* sQ = reinterpret_cast<__nv_bfloat16*>(smem);
+  auto* sK = reinterpret_cast<__nv_bfloat16*>(smem + kQBytes);
+  auto* sV = reinterpret_cast<__nv_bfloat16*>(smem + kQBytes + 2 * kKStageBytes);
+
+  const int b = blockIdx.z, head = blockIdx.y;
+  const int m_block = gridDim.x - 1 - blockIdx.x;  // longest causal blocks first
+  const int q_begin = p.cu_seqlens_q[b], q_len = p.cu_seqlens_q[b + 1] - q_begin;
+  const int k_begin = p.cu_seqlens_k[b], k_len = p.cu_seqlens_k[b + 1] - k_begin;
+  const int m0 = m_block * kBlockM;
+  if (m0 >= q_len) return;
+  const int offset = k_len - q_len;  // row i sees keys j <= i + offset when causal
+  const int k_end = p.causal ? min(k_len, m0 + kBlockM + offset) : k_len;
+  const int n_tiles = k_end > 0 ? (k_end + kBlockN - 1) / kBlockN : 0;
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const __nv_bfloat16* q = p.q + static_cast<int64_t>(q_begin + m0) * p.q_token_stride +
+                           static_cast<int64_t>(head) * p.q_head_stride;
+  const __nv_bfloat16* k = p.k + static_cast<int64_t>(k_begin) * p.k_token_stride +
+                           static_cast<int64_t>(head) * p.k_head_stride;
+  const __nv_bfloat16* v = p.v + static_cast<int64_t>(k_begin) * p.v_token_stride +
+                           static_cast<int64_t>(head) * p.v_head_stride;
+
+  LoadTile<kBlockM, kPrefillQkDim, kQkStride>(sQ, q, p.q_token_stride, q_len - m0);
+  if (n_tiles > 0) {
+    LoadTile<kBlockN, kPrefillQkDim, kQkStride>(sK, k, p.k_token_stride, k_len);
+    LoadTile<kBlockN, kPrefillVDim, kVStride>(sV, v, p.v_token_stride, k_len);
+  }
+  CpAsyncCommit();
+
+  float o[kPrefillVDim / 8][4];
+#pragma unroll
+  for (int j = 0; j < kPrefillVDim / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
+  const float scale_log2 = p.softmax_scale * kLog2e;
+  // Rows of this thread (within the sequence): g and g + 8 of the warp's 16.
+  const int row0 = m0 + warp * 16 + lane / 4;
+
+  for (int t = 0; t < n_tiles; ++t) {
+    const int stage = t & 1;
+    if (t + 1 < n_tiles) {
+      const int next = (t + 1) * kBlockN;
+      LoadTile<kBlockN, kPrefillQkDim, kQkStride>(sK + (stage ^ 1) * kBlockN * kQkStride,
+                                                  k + static_cast<int64_t>(next) * p.k_token_stride,
+                                                  p.k_token_stride, k_len - next);
+      LoadTile<kBlockN, kPrefillVDim, kVStride>(sV + (stage ^ 1) * kBlockN * kVStride,
+                                                v + static_cast<int64_t>(next) * p.v_token_stride,
+                                                p.v_token_stride, k_len - next);
+    }
+    CpAsyncCommit();
+    CpAsyncWait<1>();
+    __syncthreads();
+
+    const __nv_bfloat16* tK = sK + stage * kBlockN * kQkStride;
+    const __nv_bfloat16* tV = sV + stage * kBlockN * kVStride;
+    float s[kBlockN / 8][4];
+#pragma unroll
+    for (int j = 0; j < kBlockN / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+#pragma unroll
+    for (int ks = 0; ks < kPrefillQkDim / 16; ++ks) {
+      uint32_t a[4];
+      LdMatrixX4(a, sQ + (warp * 16 + lane % 16) * kQkStride + ks * 16 + (lane / 16) * 8);
+#pragma unroll
+      for (int np = 0; np < kBlockN / 16; ++np) {
+        uint32_t bk[4];
+        LdMatrixX4(bk, tK + (np * 16 + (lane / 16) * 8 + lane % 8) * kQkStride + ks * 16 +
+                           ((lane / 8) % 2) * 8);
+        Mma(s[2 * np], a, bk[0], bk[1]);
+        Mma(s[2 * np + 1], a, bk[2], bk[3]);
+      }
+    }
+
+    // Mask keys past k_len and, when causal, past each row's diagonal.
+    const int key0 = t * kBlockN;
+    const bool need_mask = key0 + kBlockN > k_len || (p.causal && key0 + kBlockN - 1 > m0 + offset);
+    float new_max[2] = {row_max[0], row_max[1]};
+#pragma unroll
+    for (int j = 0; j < kBlockN / 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        float x = s[j][e] * scale_log2;
+        if (need_mask) {
+          const int key = key0 + j * 8 + 2 * (lane % 4) + (e & 1);
+          const int row = row0 + (e >> 1) * 8;
+          if (key >= k_len || (p.causal && key > row + offset)) x = -INFINITY;
+        }
+        s[j][e] = x;
+        new_max[e >> 1] = fmaxf(new_max[e >> 1], x);
+      }
+    }
+    float corr[2], base[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      new_max[r] = fmaxf(new_max[r], __shfl_xor_sync(0xffffffffu, new_max[r], 1));
+      new_max[r] = fmaxf(new_max[r], __shfl_xor_sync(0xffffffffu, new_max[r], 2));
+      base[r] = new_max[r] == -INFINITY ? 0.f : new_max[r];  // fully masked row so far
+      corr[r] = exp2f(row_max[r] - base[r]);                 // 0 when row_max = -inf
+      row_max[r] = new_max[r];
+      row_sum[r] *= corr[r];
+    }
+#pragma unroll
+    for (int j = 0; j < kPrefillVDim / 8; ++j) {
+      o[j][0] *= corr[0];
+      o[j][1] *= corr[0];
+      o[j][2] *= corr[1];
+      o[j][3] *= corr[1];
+    }
+    uint32_t pa[kBlockN / 16][4];
+#pragma unroll
+    for (int j = 0; j < kBlockN / 8; ++j) {
+      const float p0 = exp2f(s[j][0] - base[0]), p1 = exp2f(s[j][1] - base[0]);
+      const float p2 = exp2f(s[j][2] - base[1]), p3 = exp2f(s[j][3] - base[1]);
+      row_sum[0] += p0 + p1;
+      row_sum[1] += p2 + p3;
+      pa[j / 2][(j % 2) * 2 + 0] = PackBf16(p0, p1);
+      pa[j / 2][(j % 2) * 2 + 1] = PackBf16(p2, p3);
+    }
+#pragma unroll
+    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+#pragma unroll
+      for (int dp = 0; dp < kPrefillVDim / 16; ++dp) {
+        uint32_t bv[4];
+        LdMatrixX4Trans(bv, tV + (kk * 16 + ((lane / 8) % 2) * 8 + lane % 8) * kVStride + dp * 16 +
+                                (lane / 16) * 8);
+        Mma(o[2 * dp], pa[kk], bv[0], bv[1]);
+        Mma(o[2 * dp + 1], pa[kk], bv[2], bv[3]);
+      }
+    }
+    __syncthreads();  // this stage is refilled by the next iteration's prefetch
+  }
+  CpAsyncWait<0>();
+
+  // Epilogue: finish the row sums across the 4 lanes of a row, normalize, merge, store.
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 1);
+    row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 2);
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = row0 + r * 8;
+    if (row >= q_len) continue;
+    const float lse_new = row_sum[r] > 0.f ? row_max[r] * kLn2 + logf(row_sum[r]) : -INFINITY;
+    float w_new = row_sum[r] > 0.f ? 1.f / row_sum[r] : 0.f;
+    float w_old = 0.f, lse = lse_new;
+    const int64_t qrow = q_begin + row;
+    float* lse_ptr = p.lse + qrow * p.num_heads + head;
+    __nv_bfloat16* out =
+        p.out + qrow * p.out_token_stride + static_cast<int64_t>(head) * p.out_head_stride;
+    if (p.accumulate) {
+      const float lse_old = *lse_ptr;
+      if (lse_old != -INFINITY) {
+        const float mx = fmaxf(lse_old, lse_new);
+        const float e_old = expf(lse_old - mx),
+                    e_new = lse_new == -INFINITY ? 0.f : expf(lse_new - mx);
+        lse = mx + logf(e_old + e_new);
+        w_old = e_old / (e_old + e_new);
+        w_new *= e_new / (e_old + e_new);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kPrefillVDim / 8; ++j) {
+      const int col = j * 8 + 2 * (lane % 4);
+      float v0 = o[j][2 * r] * w_new, v1 = o[j][2 * r + 1] * w_new;
+      if (w_old != 0.f) {
+        const __nv_bfloat162 old = *reinterpret_cast<const __nv_bfloat162*>(out + col);
+        v0 += w_old * __bfloat162float(old.x);
+        v1 += w_old * __bfloat162float(old.y);
+      }
+      *reinterpret_cast<__nv_bfloat162*>(out + col) = __floats2bfloat162_rn(v0, v1);
+    }
+    if (lane % 4 == 0) *lse_ptr = lse;
+  }
+}
+
+absl::Status Invalid(const std::string& what) {
+  return absl::InvalidArgumentError("LaunchPrefillAttention: " + what);
+}
+bool Misaligned(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 != 0; }
+
+}  // namespace
+
+absl::Status ValidatePrefillAttentionParams(const PrefillAttentionParams& p) {
+  if (p.batch <= 0 || p.batch > 65535) return Invalid("batch must be in [1, 65535]");
+  if (p.num_heads <= 0 || p.num_heads > 65535) return Invalid("num_heads must be in [1, 65535]");
+  if (p.max_seqlen_q < 0) return Invalid("max_seqlen_q must be >= 0");
+  if (!std::isfinite(p.softmax_scale) || p.softmax_scale <= 0.f) {
+    return Invalid("softmax_scale must be finite and positive");
+  }
+  if (p.cu_seqlens_q == nullptr || p.cu_seqlens_k == nullptr || p.q == nullptr || p.k == nullptr ||
+      p.v == nullptr || p.out == nullptr || p.lse == nullptr) {
+    return Invalid("cu_seqlens_q/k, q, k, v, out and lse must be set");
+  }
+  if (Misaligned(p.q) || Misaligned(p.k) || Misaligned(p.v) || Misaligned(p.out)) {
+    return Invalid("q, k, v and out must be 16-byte aligned");
+  }
+  for (int64_t s : {p.q_token_stride, p.q_head_stride, p.k_token_stride, p.k_head_stride,
+                    p.v_token_stride, p.v_head_stride, p.out_token_stride, p.out_head_stride}) {
+    if (s < 0 || s % 8 != 0) return Invalid("strides must be non-negative multiples of 8");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LaunchPrefillAttention(const PrefillAttentionParams& p, cudaStream_t stream) {
+  if (absl::Status st = ValidatePrefillAttentionParams(p); !st.ok()) return st;
+  if (p.max_seqlen_q == 0) return absl::OkStatus();
+  static const cudaError_t attr = cudaFuncSetAttribute(
+      PrefillAttentionKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  if (attr != cudaSuccess) {
+    return absl::InternalError(std::string("LaunchPrefillAttention: ") + cudaGetErrorString(attr));
+  }
+  const dim3 grid((p.max_seqlen_q + kBlockM - 1) / kBlockM, p.num_heads, p.batch);
+  PrefillAttentionKernel<<<grid, kThreads, kSmemBytes, stream>>>(p);
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) {
+    return absl::InternalError(std::string("LaunchPrefillAttention: ") + cudaGetErrorString(err));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace strata::kernels
