@@ -1,6 +1,6 @@
 // Prefill attention, FlashAttention-2 style on mma.sync (m16n8k16 bf16, fp32 accumulate).
 //
-// One block of 8 warps takes 128 query rows of one (sequence, head); warp w owns rows
+// One block of 8 (or 4) warps takes 128 (64) query rows of one (sequence, head); warp w owns rows
 // [16w, 16w + 16). Key/value tiles of 64 tokens stream through a 2-stage cp.async ring; S = Q K^T
 // and O += P V run on the tensor cores with ldmatrix operands; the online softmax is in base 2.
 // Shared memory rows are padded by 16 bytes so ldmatrix's 8 row addresses hit distinct banks.
@@ -12,16 +12,19 @@
 namespace strata::kernels {
 namespace {
 
-constexpr int kBlockM = 128;
 constexpr int kBlockN = 64;
-constexpr int kWarps = 8;
-constexpr int kThreads = 32 * kWarps;
 constexpr int kQkStride = kPrefillQkDim + 8;  // bf16 elements per shared row
 constexpr int kVStride = kPrefillVDim + 8;
-constexpr int kQBytes = kBlockM * kQkStride * 2;
 constexpr int kKStageBytes = kBlockN * kQkStride * 2;
 constexpr int kVStageBytes = kBlockN * kVStride * 2;
-constexpr int kSmemBytes = kQBytes + 2 * kKStageBytes + 2 * kVStageBytes;
+// Per variant: kWarps warps of 16 query rows each.
+template <int kWarps>
+struct Shape {
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kBlockM = 16 * kWarps;
+  static constexpr int kQBytes = kBlockM * kQkStride * 2;
+  static constexpr int kSmemBytes = kQBytes + 2 * kKStageBytes + 2 * kVStageBytes;
+};
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
@@ -63,7 +66,7 @@ __device__ __forceinline__ uint32_t PackBf16(float lo, float hi) {
 
 // Copies `rows` rows of `dim` bf16 (row r at src + r * stride) into shared rows of
 // `smem_stride`; rows at or past `valid` are zero-filled without reading.
-template <int kRows, int kDim, int kSmemStride>
+template <int kRows, int kDim, int kSmemStride, int kThreads>
 __device__ __forceinline__ void LoadTile(__nv_bfloat16* smem, const __nv_bfloat16* src,
                                          int64_t stride, int valid) {
   constexpr int kChunks = kDim / 8;
@@ -76,7 +79,14 @@ __device__ __forceinline__ void LoadTile(__nv_bfloat16* smem, const __nv_bfloat1
   }
 }
 
-__global__ void __launch_bounds__(kThreads, 1) PrefillAttentionKernel(PrefillAttentionParams p) {
+// kQInRegs: Q's A fragments are loaded into registers once (48 registers) instead of being
+// re-read from shared memory for every key tile.
+template <bool kQInRegs, int kWarps>
+__global__ void __launch_bounds__(Shape<kWarps>::kThreads, 8 / kWarps)
+    PrefillAttentionKernel(PrefillAttentionParams p) {
+  constexpr int kThreads = Shape<kWarps>::kThreads;
+  constexpr int kBlockM = Shape<kWarps>::kBlockM;
+  constexpr int kQBytes = Shape<kWarps>::kQBytes;
   extern __shared__ __align__(128) unsigned char smem[];
   auto* sQ = reinterpret_cast<__nv_bfloat16*>(smem);
   auto* sK = reinterpret_cast<__nv_bfloat16*>(smem + kQBytes);
@@ -100,10 +110,10 @@ __global__ void __launch_bounds__(kThreads, 1) PrefillAttentionKernel(PrefillAtt
   const __nv_bfloat16* v = p.v + static_cast<int64_t>(k_begin) * p.v_token_stride +
                            static_cast<int64_t>(head) * p.v_head_stride;
 
-  LoadTile<kBlockM, kPrefillQkDim, kQkStride>(sQ, q, p.q_token_stride, q_len - m0);
+  LoadTile<kBlockM, kPrefillQkDim, kQkStride, kThreads>(sQ, q, p.q_token_stride, q_len - m0);
   if (n_tiles > 0) {
-    LoadTile<kBlockN, kPrefillQkDim, kQkStride>(sK, k, p.k_token_stride, k_len);
-    LoadTile<kBlockN, kPrefillVDim, kVStride>(sV, v, p.v_token_stride, k_len);
+    LoadTile<kBlockN, kPrefillQkDim, kQkStride, kThreads>(sK, k, p.k_token_stride, k_len);
+    LoadTile<kBlockN, kPrefillVDim, kVStride, kThreads>(sV, v, p.v_token_stride, k_len);
   }
   CpAsyncCommit();
 
@@ -115,21 +125,28 @@ __global__ void __launch_bounds__(kThreads, 1) PrefillAttentionKernel(PrefillAtt
   // Rows of this thread (within the sequence): g and g + 8 of the warp's 16.
   const int row0 = m0 + warp * 16 + lane / 4;
 
+  uint32_t qf[kQInRegs ? kPrefillQkDim / 16 : 1][4];
   for (int t = 0; t < n_tiles; ++t) {
     const int stage = t & 1;
     if (t + 1 < n_tiles) {
       const int next = (t + 1) * kBlockN;
-      LoadTile<kBlockN, kPrefillQkDim, kQkStride>(sK + (stage ^ 1) * kBlockN * kQkStride,
-                                                  k + static_cast<int64_t>(next) * p.k_token_stride,
-                                                  p.k_token_stride, k_len - next);
-      LoadTile<kBlockN, kPrefillVDim, kVStride>(sV + (stage ^ 1) * kBlockN * kVStride,
-                                                v + static_cast<int64_t>(next) * p.v_token_stride,
-                                                p.v_token_stride, k_len - next);
+      LoadTile<kBlockN, kPrefillQkDim, kQkStride, kThreads>(
+          sK + (stage ^ 1) * kBlockN * kQkStride, k + static_cast<int64_t>(next) * p.k_token_stride,
+          p.k_token_stride, k_len - next);
+      LoadTile<kBlockN, kPrefillVDim, kVStride, kThreads>(
+          sV + (stage ^ 1) * kBlockN * kVStride, v + static_cast<int64_t>(next) * p.v_token_stride,
+          p.v_token_stride, k_len - next);
     }
     CpAsyncCommit();
     CpAsyncWait<1>();
     __syncthreads();
 
+    if (kQInRegs && t == 0) {
+#pragma unroll
+      for (int ks = 0; ks < (kQInRegs ? kPrefillQkDim / 16 : 0); ++ks) {
+        LdMatrixX4(qf[ks], sQ + (warp * 16 + lane % 16) * kQkStride + ks * 16 + (lane / 16) * 8);
+      }
+    }
     const __nv_bfloat16* tK = sK + stage * kBlockN * kQkStride;
     const __nv_bfloat16* tV = sV + stage * kBlockN * kVStride;
     float s[kBlockN / 8][4];
@@ -138,7 +155,12 @@ __global__ void __launch_bounds__(kThreads, 1) PrefillAttentionKernel(PrefillAtt
 #pragma unroll
     for (int ks = 0; ks < kPrefillQkDim / 16; ++ks) {
       uint32_t a[4];
-      LdMatrixX4(a, sQ + (warp * 16 + lane % 16) * kQkStride + ks * 16 + (lane / 16) * 8);
+      if (kQInRegs) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) a[i] = qf[kQInRegs ? ks : 0][i];
+      } else {
+        LdMatrixX4(a, sQ + (warp * 16 + lane % 16) * kQkStride + ks * 16 + (lane / 16) * 8);
+      }
 #pragma unroll
       for (int np = 0; np < kBlockN / 16; ++np) {
         uint32_t bk[4];
@@ -280,21 +302,48 @@ absl::Status ValidatePrefillAttentionParams(const PrefillAttentionParams& p) {
   return absl::OkStatus();
 }
 
-absl::Status LaunchPrefillAttention(const PrefillAttentionParams& p, cudaStream_t stream) {
-  if (absl::Status st = ValidatePrefillAttentionParams(p); !st.ok()) return st;
-  if (p.max_seqlen_q == 0) return absl::OkStatus();
-  static const cudaError_t attr = cudaFuncSetAttribute(
-      PrefillAttentionKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+namespace {
+
+template <bool kQInRegs, int kWarps>
+absl::Status LaunchVariant(const PrefillAttentionParams& p, cudaStream_t stream) {
+  using S = Shape<kWarps>;
+  static const cudaError_t attr =
+      cudaFuncSetAttribute(PrefillAttentionKernel<kQInRegs, kWarps>,
+                           cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmemBytes);
   if (attr != cudaSuccess) {
     return absl::InternalError(std::string("LaunchPrefillAttention: ") + cudaGetErrorString(attr));
   }
-  const dim3 grid((p.max_seqlen_q + kBlockM - 1) / kBlockM, p.num_heads, p.batch);
-  PrefillAttentionKernel<<<grid, kThreads, kSmemBytes, stream>>>(p);
+  const dim3 grid((p.max_seqlen_q + S::kBlockM - 1) / S::kBlockM, p.num_heads, p.batch);
+  PrefillAttentionKernel<kQInRegs, kWarps><<<grid, S::kThreads, S::kSmemBytes, stream>>>(p);
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) {
     return absl::InternalError(std::string("LaunchPrefillAttention: ") + cudaGetErrorString(err));
   }
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status LaunchPrefillAttentionVariant(const PrefillAttentionParams& p, int variant,
+                                           cudaStream_t stream) {
+  if (absl::Status st = ValidatePrefillAttentionParams(p); !st.ok()) return st;
+  if (p.max_seqlen_q == 0) return absl::OkStatus();
+  switch (variant) {
+    case 0:
+      return LaunchVariant<false, 8>(p, stream);
+    case 1:
+      return LaunchVariant<true, 8>(p, stream);
+    case 2:
+      return LaunchVariant<false, 4>(p, stream);
+    case 3:
+      return LaunchVariant<true, 4>(p, stream);
+    default:
+      return Invalid("unknown variant " + std::to_string(variant));
+  }
+}
+
+absl::Status LaunchPrefillAttention(const PrefillAttentionParams& p, cudaStream_t stream) {
+  return LaunchPrefillAttentionVariant(p, kPrefillAttentionDefaultVariant, stream);
 }
 
 }  // namespace strata::kernels

@@ -58,4 +58,12 @@ struct PrefillAttentionParams {
 absl::Status ValidatePrefillAttentionParams(const PrefillAttentionParams& params);
 absl::Status LaunchPrefillAttention(const PrefillAttentionParams& params, cudaStream_t stream);
 
+// Internal, for tests and benchmarks: the same computation by one of kPrefillAttentionVariants
+// kernel variants: 0 / 1: 8 warps, 128 query rows per block, Q re-read from shared memory per key
+// tile / Q held in registers; 2 / 3: the same with 4 warps and 64 rows (2 blocks per SM).
+inline constexpr int kPrefillAttentionVariants = 4;
+inline constexpr int kPrefillAttentionDefaultVariant = 0;
+absl::Status LaunchPrefillAttentionVariant(const PrefillAttentionParams& params, int variant,
+                                           cudaStream_t stream);
+
 }  // namespace strata::kernels

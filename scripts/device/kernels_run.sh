@@ -5,6 +5,7 @@
 #   BENCH_ONLY=mla_decode,prefill,kv_pages       bench groups (default: all; "none" skips)
 #   BENCH_ITERS=30
 cd "$(dirname "$0")"
+[ -f lib.tgz ] && [ ! -d lib ] && tar xzf lib.tgz
 export LD_LIBRARY_PATH=$PWD/lib
 probe=$(ls kernels_*_test | head -1)
 ./$probe --gtest_list_tests > /dev/null 2>&1 || export LD_LIBRARY_PATH=$PWD/lib:$PWD/libcxx

@@ -21,5 +21,7 @@ for lib in $(ldd "$dest"/kernels_*_test $(ls "$dest"/strata 2>/dev/null) | awk '
     *) cp -L "$lib" "$dest/lib/" ;;
   esac
 done
+# The device tool carries at most 64 MiB: ship the libraries compressed (run.sh unpacks them).
+tar czf "$dest/lib.tgz" -C "$dest" lib libcxx && rm -rf "$dest/lib" "$dest/libcxx"
 cp "$(dirname "$0")/kernels_run.sh" "$dest/run.sh"
 du -sh "$dest"

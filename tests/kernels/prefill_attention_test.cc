@@ -76,7 +76,7 @@ std::vector<uint16_t> Pack(const Problem& pr, const std::vector<std::vector<floa
   return out;
 }
 
-class PrefillAttentionTest : public ::testing::Test {
+class PrefillAttentionTest : public ::testing::TestWithParam<int> {  // param: kernel variant
  protected:
   void SetUp() override {
     if (!testing::HaveGpu()) GTEST_SKIP() << "no CUDA device";
@@ -121,7 +121,7 @@ class PrefillAttentionTest : public ::testing::Test {
     p.out_token_stride = H * kV;
     p.out_head_stride = kV;
     p.lse = lse.get<float>();
-    const absl::Status st = LaunchPrefillAttention(p, nullptr);
+    const absl::Status st = LaunchPrefillAttentionVariant(p, GetParam(), nullptr);
     ASSERT_TRUE(st.ok()) << st;
     ASSERT_CUDA_OK(cudaDeviceSynchronize());
   }
@@ -173,8 +173,8 @@ class PrefillAttentionTest : public ::testing::Test {
       }
       row0 += sq.len;
     }
-    std::printf("prefill %s heads=%d seqs=%zu causal=%d worst rel_err=%.2e lse_err=%.2e\n", what, H,
-                pr.seqs.size(), causal, worst_rel, worst_lse);
+    std::printf("prefill v%d %s heads=%d seqs=%zu causal=%d worst rel_err=%.2e lse_err=%.2e\n",
+                GetParam(), what, H, pr.seqs.size(), causal, worst_rel, worst_lse);
   }
 
   void SinglePass(int heads, const std::vector<Seq>& seqs, bool causal) {
@@ -227,16 +227,16 @@ class PrefillAttentionTest : public ::testing::Test {
 const std::vector<Seq> kRagged = {{0, 1},   {0, 17},   {0, 128}, {71, 129},
                                   {0, 300}, {333, 64}, {0, 0},   {5, 255}};
 
-TEST_F(PrefillAttentionTest, CausalRagged) { SinglePass(3, kRagged, true); }
+TEST_P(PrefillAttentionTest, CausalRagged) { SinglePass(3, kRagged, true); }
 
-TEST_F(PrefillAttentionTest, NonCausalRagged) { SinglePass(2, kRagged, false); }
+TEST_P(PrefillAttentionTest, NonCausalRagged) { SinglePass(2, kRagged, false); }
 
-TEST_F(PrefillAttentionTest, CausalLongAndManyHeads) {
+TEST_P(PrefillAttentionTest, CausalLongAndManyHeads) {
   SinglePass(2, {{0, 1000}, {24, 777}}, true);
   SinglePass(16, {{0, 130}, {64, 64}}, true);
 }
 
-TEST_F(PrefillAttentionTest, RowsThatSeeNoKeyGiveZeroAndMinusInf) {
+TEST_P(PrefillAttentionTest, RowsThatSeeNoKeyGiveZeroAndMinusInf) {
   // k_len < q_len: with bottom-right alignment the first q_len - k_len rows see nothing.
   const Problem pr = MakeProblem(rng_, 2, {{0, 10}});
   DeviceBuffer out(10 * 2 * kV * 2), lse(10 * 2 * 4);
@@ -252,10 +252,13 @@ TEST_F(PrefillAttentionTest, RowsThatSeeNoKeyGiveZeroAndMinusInf) {
   for (int i = 6; i < 10; ++i) EXPECT_TRUE(std::isfinite(lse_got[i * 2])) << "row " << i;
 }
 
-TEST_F(PrefillAttentionTest, ChunkedPrefixMergedByLse) {
+TEST_P(PrefillAttentionTest, ChunkedPrefixMergedByLse) {
   Chunked(3, {{700, 50}, {100, 129}, {0, 64}, {256, 1}, {513, 300}}, 256);
   Chunked(2, {{64, 64}, {1, 1}}, 64);
 }
+
+INSTANTIATE_TEST_SUITE_P(Variants, PrefillAttentionTest,
+                         ::testing::Range(0, kPrefillAttentionVariants));
 
 }  // namespace
 }  // namespace strata::kernels

@@ -8,6 +8,7 @@
 #include "kernels/norm_rope/rms_norm.h"
 #include "kernels/norm_rope/rope.h"
 #include "kernels/prefill_attention/prefill_attention.h"
+#include "kernels/sampling/greedy_sample.h"
 
 namespace strata::kernels {
 namespace {
@@ -131,6 +132,26 @@ TEST(SmallKernelsParamsTest, PrefillAttention) {
   p.v_token_stride = 256;
   p.softmax_scale = -1.f;
   EXPECT_FALSE(ValidatePrefillAttentionParams(p).ok());
+}
+
+TEST(SmallKernelsParamsTest, GreedySample) {
+  GreedySampleParams p;
+  p.rows = 2;
+  p.vocab = 129280;
+  p.ld_logits = 129280;
+  p.logits = Fake<float>();
+  p.tokens = Fake<int32_t>();
+  EXPECT_TRUE(ValidateGreedySampleParams(p).ok());
+  p.ld_logits = 1000;
+  EXPECT_FALSE(ValidateGreedySampleParams(p).ok());
+  p.ld_logits = 129280;
+  p.vocab = 0;
+  EXPECT_FALSE(ValidateGreedySampleParams(p).ok());
+}
+
+TEST(SmallKernelsParamsTest, PrefillUnknownVariantRefused) {
+  PrefillAttentionParams p;  // invalid anyway: validation comes first
+  EXPECT_FALSE(LaunchPrefillAttentionVariant(p, 99, nullptr).ok());
 }
 
 }  // namespace
