@@ -79,14 +79,122 @@ __device__ __forceinline__ void LoadTile(__nv_bfloat16* smem, const __nv_bfloat1
   }
 }
 
+// K tile for wgmma: the no-swizzle K-major canonical layout of core matrices (8 rows x 16 bytes,
+// 128 contiguous bytes): element (r, k) at byte (r / 8) * kCoreSbo + (k / 8) * kCoreLbo +
+// (r % 8) * 16 + (k % 8) * 2.
+constexpr int kCoreLbo = 128;                      // next 8 k (K direction)
+constexpr int kCoreSbo = kPrefillQkDim / 8 * 128;  // next 8 rows (N direction)
+
+template <int kRows, int kThreads>
+__device__ __forceinline__ void LoadTileCore(unsigned char* smem, const __nv_bfloat16* src,
+                                             int64_t stride, int valid) {
+  constexpr int kChunks = kPrefillQkDim / 8;
+#pragma unroll
+  for (int i = 0; i < kRows * kChunks / kThreads; ++i) {
+    const int c = threadIdx.x + i * kThreads;
+    const int r = c / kChunks, kc = c % kChunks;
+    const bool ok = r < valid;
+    CpAsync16(smem + (r / 8) * kCoreSbo + kc * kCoreLbo + (r % 8) * 16,
+              ok ? src + r * stride + kc * 8 : src, ok);
+  }
+}
+
+// Shared-memory matrix descriptor (PTX "matrix descriptor format"), no swizzle: LBO = byte offset
+// between core matrices along K, SBO = along M/N (verified on the H200: the swapped reading fails
+// the test).
+__device__ __forceinline__ uint64_t MakeDesc(const void* smem_ptr) {
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem_ptr));
+  const uint64_t lbo = kCoreLbo;
+  const uint64_t sbo = kCoreSbo;
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | ((lbo >> 4) << 16) | ((sbo >> 4) << 32);
+}
+
+// s (64 x 64 per warpgroup, this warp's 16 rows in mma.sync C layout) = or += A (registers, the
+// mma.sync A layout of this warp's 16 rows) x B (64 keys x 16 k, K-major, descriptor).
+__device__ __forceinline__ void WgmmaS(float (&s)[8][4], const uint32_t (&a)[4], uint64_t desc,
+                                       int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %38, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "
+      "{%32,%33,%34,%35}, %36, p, 1, 1, %37;\n}\n"
+      : "+f"(s[0][0]), "+f"(s[0][1]), "+f"(s[0][2]), "+f"(s[0][3]), "+f"(s[1][0]), "+f"(s[1][1]),
+        "+f"(s[1][2]), "+f"(s[1][3]), "+f"(s[2][0]), "+f"(s[2][1]), "+f"(s[2][2]), "+f"(s[2][3]),
+        "+f"(s[3][0]), "+f"(s[3][1]), "+f"(s[3][2]), "+f"(s[3][3]), "+f"(s[4][0]), "+f"(s[4][1]),
+        "+f"(s[4][2]), "+f"(s[4][3]), "+f"(s[5][0]), "+f"(s[5][1]), "+f"(s[5][2]), "+f"(s[5][3]),
+        "+f"(s[6][0]), "+f"(s[6][1]), "+f"(s[6][2]), "+f"(s[6][3]), "+f"(s[7][0]), "+f"(s[7][1]),
+        "+f"(s[7][2]), "+f"(s[7][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "n"(0), "r"(accumulate));
+}
+
+// V tile for wgmma as the B operand of P V (K = keys, N = dims), MN-major (dims contiguous): core
+// matrices of 8 keys x 8 dims (128 contiguous bytes); element (key, dim) at byte
+// (dim / 8) * kVCoreDim + (key / 8) * kVCoreKey + (key % 8) * 16 + (dim % 8) * 2.
+constexpr int kVCoreKey = 128;                // next 8 keys (K direction)
+constexpr int kVCoreDim = kBlockN / 8 * 128;  // next 8 dims (N direction)
+
+template <int kThreads>
+__device__ __forceinline__ void LoadVCore(unsigned char* smem, const __nv_bfloat16* src,
+                                          int64_t stride, int valid) {
+  constexpr int kChunks = kPrefillVDim / 8;
+#pragma unroll
+  for (int i = 0; i < kBlockN * kChunks / kThreads; ++i) {
+    const int c = threadIdx.x + i * kThreads;
+    const int r = c / kChunks, dc = c % kChunks;
+    const bool ok = r < valid;
+    CpAsync16(smem + dc * kVCoreDim + (r / 8) * kVCoreKey + (r % 8) * 16,
+              ok ? src + r * stride + dc * 8 : src, ok);
+  }
+}
+
+// Descriptor of the V tile: the key-direction (K) offset in LBO, the dim-direction (N) offset in
+// SBO (verified on the H200: the swapped reading fails the test).
+__device__ __forceinline__ uint64_t MakeDescV(const void* smem_ptr) {
+  const uint32_t addr = static_cast<uint32_t>(__cvta_generic_to_shared(smem_ptr));
+  const uint64_t lbo = kVCoreKey;
+  const uint64_t sbo = kVCoreDim;
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | ((lbo >> 4) << 16) | ((sbo >> 4) << 32);
+}
+
+// o (64 x 128 per warpgroup, mma.sync C layout per warp) += P (registers, mma.sync A layout) x
+// V (16 keys x 128 dims, MN-major, descriptor; transposed B).
+__device__ __forceinline__ void WgmmaPV(float (&o)[kPrefillVDim / 8][4], const uint32_t (&a)[4],
+                                        uint64_t desc) {
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%"
+      "25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%"
+      "48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, {%64,%65,%66,%67}, %68, 1, "
+      "1, 1, 1;\n"
+      : "+f"(o[0][0]), "+f"(o[0][1]), "+f"(o[0][2]), "+f"(o[0][3]), "+f"(o[1][0]), "+f"(o[1][1]),
+        "+f"(o[1][2]), "+f"(o[1][3]), "+f"(o[2][0]), "+f"(o[2][1]), "+f"(o[2][2]), "+f"(o[2][3]),
+        "+f"(o[3][0]), "+f"(o[3][1]), "+f"(o[3][2]), "+f"(o[3][3]), "+f"(o[4][0]), "+f"(o[4][1]),
+        "+f"(o[4][2]), "+f"(o[4][3]), "+f"(o[5][0]), "+f"(o[5][1]), "+f"(o[5][2]), "+f"(o[5][3]),
+        "+f"(o[6][0]), "+f"(o[6][1]), "+f"(o[6][2]), "+f"(o[6][3]), "+f"(o[7][0]), "+f"(o[7][1]),
+        "+f"(o[7][2]), "+f"(o[7][3]), "+f"(o[8][0]), "+f"(o[8][1]), "+f"(o[8][2]), "+f"(o[8][3]),
+        "+f"(o[9][0]), "+f"(o[9][1]), "+f"(o[9][2]), "+f"(o[9][3]), "+f"(o[10][0]), "+f"(o[10][1]),
+        "+f"(o[10][2]), "+f"(o[10][3]), "+f"(o[11][0]), "+f"(o[11][1]), "+f"(o[11][2]),
+        "+f"(o[11][3]), "+f"(o[12][0]), "+f"(o[12][1]), "+f"(o[12][2]), "+f"(o[12][3]),
+        "+f"(o[13][0]), "+f"(o[13][1]), "+f"(o[13][2]), "+f"(o[13][3]), "+f"(o[14][0]),
+        "+f"(o[14][1]), "+f"(o[14][2]), "+f"(o[14][3]), "+f"(o[15][0]), "+f"(o[15][1]),
+        "+f"(o[15][2]), "+f"(o[15][3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc));
+}
+
+// kSMode: 0 = S by mma.sync from padded shared rows; 1 = S by wgmma (A = Q registers, B = K
+// core-matrix tile by descriptor).
+// kPvMode: 0 = P V by mma.sync (ldmatrix.trans); 1 = by wgmma, V tile MN-major by descriptor.
 // kQInRegs: Q's A fragments are loaded into registers once (48 registers) instead of being
 // re-read from shared memory for every key tile.
-template <bool kQInRegs, int kWarps>
+template <bool kQInRegs, int kWarps, int kSMode, int kPvMode>
 __global__ void __launch_bounds__(Shape<kWarps>::kThreads, 8 / kWarps)
     PrefillAttentionKernel(PrefillAttentionParams p) {
   constexpr int kThreads = Shape<kWarps>::kThreads;
   constexpr int kBlockM = Shape<kWarps>::kBlockM;
   constexpr int kQBytes = Shape<kWarps>::kQBytes;
+  static_assert(kSMode == 0 || (kQInRegs && kWarps % 4 == 0), "wgmma needs Q in registers");
+  static_assert(kPvMode == 0 || kWarps % 4 == 0, "wgmma needs whole warpgroups");
   extern __shared__ __align__(128) unsigned char smem[];
   auto* sQ = reinterpret_cast<__nv_bfloat16*>(smem);
   auto* sK = reinterpret_cast<__nv_bfloat16*>(smem + kQBytes);
@@ -112,8 +220,16 @@ __global__ void __launch_bounds__(Shape<kWarps>::kThreads, 8 / kWarps)
 
   LoadTile<kBlockM, kPrefillQkDim, kQkStride, kThreads>(sQ, q, p.q_token_stride, q_len - m0);
   if (n_tiles > 0) {
-    LoadTile<kBlockN, kPrefillQkDim, kQkStride, kThreads>(sK, k, p.k_token_stride, k_len);
-    LoadTile<kBlockN, kPrefillVDim, kVStride, kThreads>(sV, v, p.v_token_stride, k_len);
+    if (kSMode == 0) {
+      LoadTile<kBlockN, kPrefillQkDim, kQkStride, kThreads>(sK, k, p.k_token_stride, k_len);
+    } else {
+      LoadTileCore<kBlockN, kThreads>(smem + kQBytes, k, p.k_token_stride, k_len);
+    }
+    if (kPvMode == 0) {
+      LoadTile<kBlockN, kPrefillVDim, kVStride, kThreads>(sV, v, p.v_token_stride, k_len);
+    } else {
+      LoadVCore<kThreads>(smem + kQBytes + 2 * kKStageBytes, v, p.v_token_stride, k_len);
+    }
   }
   CpAsyncCommit();
 
@@ -130,15 +246,31 @@ __global__ void __launch_bounds__(Shape<kWarps>::kThreads, 8 / kWarps)
     const int stage = t & 1;
     if (t + 1 < n_tiles) {
       const int next = (t + 1) * kBlockN;
-      LoadTile<kBlockN, kPrefillQkDim, kQkStride, kThreads>(
-          sK + (stage ^ 1) * kBlockN * kQkStride, k + static_cast<int64_t>(next) * p.k_token_stride,
-          p.k_token_stride, k_len - next);
-      LoadTile<kBlockN, kPrefillVDim, kVStride, kThreads>(
-          sV + (stage ^ 1) * kBlockN * kVStride, v + static_cast<int64_t>(next) * p.v_token_stride,
-          p.v_token_stride, k_len - next);
+      if (kSMode == 0) {
+        LoadTile<kBlockN, kPrefillQkDim, kQkStride, kThreads>(
+            sK + (stage ^ 1) * kBlockN * kQkStride,
+            k + static_cast<int64_t>(next) * p.k_token_stride, p.k_token_stride, k_len - next);
+      } else {
+        LoadTileCore<kBlockN, kThreads>(smem + kQBytes + (stage ^ 1) * kKStageBytes,
+                                        k + static_cast<int64_t>(next) * p.k_token_stride,
+                                        p.k_token_stride, k_len - next);
+      }
+      if (kPvMode == 0) {
+        LoadTile<kBlockN, kPrefillVDim, kVStride, kThreads>(
+            sV + (stage ^ 1) * kBlockN * kVStride,
+            v + static_cast<int64_t>(next) * p.v_token_stride, p.v_token_stride, k_len - next);
+      } else {
+        LoadVCore<kThreads>(smem + kQBytes + 2 * kKStageBytes + (stage ^ 1) * kVStageBytes,
+                            v + static_cast<int64_t>(next) * p.v_token_stride, p.v_token_stride,
+                            k_len - next);
+      }
     }
     CpAsyncCommit();
     CpAsyncWait<1>();
+    // cp.async writes are generic-proxy stores; wgmma reads through the async proxy.
+    if (kSMode != 0 || kPvMode != 0) {
+      asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    }
     __syncthreads();
 
     if (kQInRegs && t == 0) {
@@ -152,25 +284,35 @@ __global__ void __launch_bounds__(Shape<kWarps>::kThreads, 8 / kWarps)
     float s[kBlockN / 8][4];
 #pragma unroll
     for (int j = 0; j < kBlockN / 8; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+    if (kSMode != 0) {
+      asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
-    for (int ks = 0; ks < kPrefillQkDim / 16; ++ks) {
-      uint32_t a[4];
-      if (kQInRegs) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) a[i] = qf[kQInRegs ? ks : 0][i];
-      } else {
-        LdMatrixX4(a, sQ + (warp * 16 + lane % 16) * kQkStride + ks * 16 + (lane / 16) * 8);
+      for (int ks = 0; ks < kPrefillQkDim / 16; ++ks) {
+        WgmmaS(s, qf[kQInRegs ? ks : 0],
+               MakeDesc(smem + kQBytes + stage * kKStageBytes + ks * 2 * kCoreLbo), ks > 0 ? 1 : 0);
       }
+      asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+      asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    } else {
 #pragma unroll
-      for (int np = 0; np < kBlockN / 16; ++np) {
-        uint32_t bk[4];
-        LdMatrixX4(bk, tK + (np * 16 + (lane / 16) * 8 + lane % 8) * kQkStride + ks * 16 +
-                           ((lane / 8) % 2) * 8);
-        Mma(s[2 * np], a, bk[0], bk[1]);
-        Mma(s[2 * np + 1], a, bk[2], bk[3]);
+      for (int ks = 0; ks < kPrefillQkDim / 16; ++ks) {
+        uint32_t a[4];
+        if (kQInRegs) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) a[i] = qf[kQInRegs ? ks : 0][i];
+        } else {
+          LdMatrixX4(a, sQ + (warp * 16 + lane % 16) * kQkStride + ks * 16 + (lane / 16) * 8);
+        }
+#pragma unroll
+        for (int np = 0; np < kBlockN / 16; ++np) {
+          uint32_t bk[4];
+          LdMatrixX4(bk, tK + (np * 16 + (lane / 16) * 8 + lane % 8) * kQkStride + ks * 16 +
+                             ((lane / 8) % 2) * 8);
+          Mma(s[2 * np], a, bk[0], bk[1]);
+          Mma(s[2 * np + 1], a, bk[2], bk[3]);
+        }
       }
     }
-
     // Mask keys past k_len and, when causal, past each row's diagonal.
     const int key0 = t * kBlockN;
     const bool need_mask = key0 + kBlockN > k_len || (p.causal && key0 + kBlockN - 1 > m0 + offset);
@@ -216,15 +358,27 @@ __global__ void __launch_bounds__(Shape<kWarps>::kThreads, 8 / kWarps)
       pa[j / 2][(j % 2) * 2 + 0] = PackBf16(p0, p1);
       pa[j / 2][(j % 2) * 2 + 1] = PackBf16(p2, p3);
     }
+    if (kPvMode != 0) {
+      asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) {
+      for (int kk = 0; kk < kBlockN / 16; ++kk) {
+        WgmmaPV(o, pa[kk],
+                MakeDescV(smem + kQBytes + 2 * kKStageBytes + stage * kVStageBytes +
+                          kk * 2 * kVCoreKey));
+      }
+      asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+      asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    } else {
 #pragma unroll
-      for (int dp = 0; dp < kPrefillVDim / 16; ++dp) {
-        uint32_t bv[4];
-        LdMatrixX4Trans(bv, tV + (kk * 16 + ((lane / 8) % 2) * 8 + lane % 8) * kVStride + dp * 16 +
-                                (lane / 16) * 8);
-        Mma(o[2 * dp], pa[kk], bv[0], bv[1]);
-        Mma(o[2 * dp + 1], pa[kk], bv[2], bv[3]);
+      for (int kk = 0; kk < kBlockN / 16; ++kk) {
+#pragma unroll
+        for (int dp = 0; dp < kPrefillVDim / 16; ++dp) {
+          uint32_t bv[4];
+          LdMatrixX4Trans(bv, tV + (kk * 16 + ((lane / 8) % 2) * 8 + lane % 8) * kVStride +
+                                  dp * 16 + (lane / 16) * 8);
+          Mma(o[2 * dp], pa[kk], bv[0], bv[1]);
+          Mma(o[2 * dp + 1], pa[kk], bv[2], bv[3]);
+        }
       }
     }
     __syncthreads();  // this stage is refilled by the next iteration's prefetch
@@ -304,17 +458,18 @@ absl::Status ValidatePrefillAttentionParams(const PrefillAttentionParams& p) {
 
 namespace {
 
-template <bool kQInRegs, int kWarps>
+template <bool kQInRegs, int kWarps, int kSMode = 0, int kPvMode = 0>
 absl::Status LaunchVariant(const PrefillAttentionParams& p, cudaStream_t stream) {
   using S = Shape<kWarps>;
   static const cudaError_t attr =
-      cudaFuncSetAttribute(PrefillAttentionKernel<kQInRegs, kWarps>,
+      cudaFuncSetAttribute(PrefillAttentionKernel<kQInRegs, kWarps, kSMode, kPvMode>,
                            cudaFuncAttributeMaxDynamicSharedMemorySize, S::kSmemBytes);
   if (attr != cudaSuccess) {
     return absl::InternalError(std::string("LaunchPrefillAttention: ") + cudaGetErrorString(attr));
   }
   const dim3 grid((p.max_seqlen_q + S::kBlockM - 1) / S::kBlockM, p.num_heads, p.batch);
-  PrefillAttentionKernel<kQInRegs, kWarps><<<grid, S::kThreads, S::kSmemBytes, stream>>>(p);
+  PrefillAttentionKernel<kQInRegs, kWarps, kSMode, kPvMode>
+      <<<grid, S::kThreads, S::kSmemBytes, stream>>>(p);
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) {
     return absl::InternalError(std::string("LaunchPrefillAttention: ") + cudaGetErrorString(err));
@@ -337,6 +492,10 @@ absl::Status LaunchPrefillAttentionVariant(const PrefillAttentionParams& p, int 
       return LaunchVariant<false, 4>(p, stream);
     case 3:
       return LaunchVariant<true, 4>(p, stream);
+    case 4:
+      return LaunchVariant<true, 8, 1>(p, stream);
+    case 5:
+      return LaunchVariant<true, 8, 1, 1>(p, stream);
     default:
       return Invalid("unknown variant " + std::to_string(variant));
   }
