@@ -184,6 +184,117 @@ __device__ __forceinline__ void WgmmaPV(float (&o)[kPrefillVDim / 8][4], const u
 
 // kSMode: 0 = S by mma.sync from padded shared rows; 1 = S by wgmma (A = Q registers, B = K
 // core-matrix tile by descriptor).
+// Online-softmax step for one key tile of this thread's two rows: masks (keys >= k_len, or past
+// the causal diagonal), updates the running max/sum, rescales o, and packs P (bf16) as mma A
+// fragments.
+__device__ __forceinline__ void SoftmaxStep(float (&s)[kBlockN / 8][4],
+                                            float (&o)[kPrefillVDim / 8][4], float (&row_max)[2],
+                                            float (&row_sum)[2], uint32_t (&pa)[kBlockN / 16][4],
+                                            int key0, bool need_mask, int k_len, bool causal,
+                                            int row0, int offset, float scale_log2) {
+  const int lane = threadIdx.x % 32;
+  float new_max[2] = {row_max[0], row_max[1]};
+#pragma unroll
+  for (int j = 0; j < kBlockN / 8; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      float x = s[j][e] * scale_log2;
+      if (need_mask) {
+        const int key = key0 + j * 8 + 2 * (lane % 4) + (e & 1);
+        const int row = row0 + (e >> 1) * 8;
+        if (key >= k_len || (causal && key > row + offset)) x = -INFINITY;
+      }
+      s[j][e] = x;
+      new_max[e >> 1] = fmaxf(new_max[e >> 1], x);
+    }
+  }
+  float corr[2], base[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    new_max[r] = fmaxf(new_max[r], __shfl_xor_sync(0xffffffffu, new_max[r], 1));
+    new_max[r] = fmaxf(new_max[r], __shfl_xor_sync(0xffffffffu, new_max[r], 2));
+    base[r] = new_max[r] == -INFINITY ? 0.f : new_max[r];  // fully masked row so far
+    corr[r] = exp2f(row_max[r] - base[r]);                 // 0 when row_max = -inf
+    row_max[r] = new_max[r];
+    row_sum[r] *= corr[r];
+  }
+#pragma unroll
+  for (int j = 0; j < kPrefillVDim / 8; ++j) {
+    o[j][0] *= corr[0];
+    o[j][1] *= corr[0];
+    o[j][2] *= corr[1];
+    o[j][3] *= corr[1];
+  }
+#pragma unroll
+  for (int j = 0; j < kBlockN / 8; ++j) {
+    const float p0 = exp2f(s[j][0] - base[0]), p1 = exp2f(s[j][1] - base[0]);
+    const float p2 = exp2f(s[j][2] - base[1]), p3 = exp2f(s[j][3] - base[1]);
+    row_sum[0] += p0 + p1;
+    row_sum[1] += p2 + p3;
+    pa[j / 2][(j % 2) * 2 + 0] = PackBf16(p0, p1);
+    pa[j / 2][(j % 2) * 2 + 1] = PackBf16(p2, p3);
+  }
+}
+
+// Pins accumulator registers around asynchronous wgmma (issue .. wait), so the compiler neither
+// reads nor moves them in between.
+template <int kN>
+__device__ __forceinline__ void FenceOperands(float (&r)[kN][4]) {
+#pragma unroll
+  for (int j = 0; j < kN; ++j) {
+    asm volatile("" : "+f"(r[j][0]), "+f"(r[j][1]), "+f"(r[j][2]), "+f"(r[j][3])::"memory");
+  }
+}
+
+// Epilogue for this thread's two rows: finishes the row sums over the 4 lanes of a row,
+// normalizes, merges with the stored out/lse when accumulating, stores out (bf16) and lse.
+__device__ __forceinline__ void Epilogue(const PrefillAttentionParams& p,
+                                         float (&o)[kPrefillVDim / 8][4], float (&row_max)[2],
+                                         float (&row_sum)[2], int row0, int q_len, int q_begin,
+                                         int head) {
+  const int lane = threadIdx.x % 32;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 1);
+    row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 2);
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = row0 + r * 8;
+    if (row >= q_len) continue;
+    const float lse_new = row_sum[r] > 0.f ? row_max[r] * kLn2 + logf(row_sum[r]) : -INFINITY;
+    float w_new = row_sum[r] > 0.f ? 1.f / row_sum[r] : 0.f;
+    float w_old = 0.f, lse = lse_new;
+    const int64_t qrow = q_begin + row;
+    float* lse_ptr = p.lse + qrow * p.num_heads + head;
+    __nv_bfloat16* out =
+        p.out + qrow * p.out_token_stride + static_cast<int64_t>(head) * p.out_head_stride;
+    if (p.accumulate) {
+      const float lse_old = *lse_ptr;
+      if (lse_old != -INFINITY) {
+        const float mx = fmaxf(lse_old, lse_new);
+        const float e_old = expf(lse_old - mx),
+                    e_new = lse_new == -INFINITY ? 0.f : expf(lse_new - mx);
+        lse = mx + logf(e_old + e_new);
+        w_old = e_old / (e_old + e_new);
+        w_new *= e_new / (e_old + e_new);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kPrefillVDim / 8; ++j) {
+      const int col = j * 8 + 2 * (lane % 4);
+      float v0 = o[j][2 * r] * w_new, v1 = o[j][2 * r + 1] * w_new;
+      if (w_old != 0.f) {
+        const __nv_bfloat162 old = *reinterpret_cast<const __nv_bfloat162*>(out + col);
+        v0 += w_old * __bfloat162float(old.x);
+        v1 += w_old * __bfloat162float(old.y);
+      }
+      *reinterpret_cast<__nv_bfloat162*>(out + col) = __floats2bfloat162_rn(v0, v1);
+    }
+    if (lane % 4 == 0) *lse_ptr = lse;
+  }
+}
+
 // kPvMode: 0 = P V by mma.sync (ldmatrix.trans); 1 = by wgmma, V tile MN-major by descriptor.
 // kQInRegs: Q's A fragments are loaded into registers once (48 registers) instead of being
 // re-read from shared memory for every key tile.
@@ -316,48 +427,9 @@ __global__ void __launch_bounds__(Shape<kWarps>::kThreads, 8 / kWarps)
     // Mask keys past k_len and, when causal, past each row's diagonal.
     const int key0 = t * kBlockN;
     const bool need_mask = key0 + kBlockN > k_len || (p.causal && key0 + kBlockN - 1 > m0 + offset);
-    float new_max[2] = {row_max[0], row_max[1]};
-#pragma unroll
-    for (int j = 0; j < kBlockN / 8; ++j) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        float x = s[j][e] * scale_log2;
-        if (need_mask) {
-          const int key = key0 + j * 8 + 2 * (lane % 4) + (e & 1);
-          const int row = row0 + (e >> 1) * 8;
-          if (key >= k_len || (p.causal && key > row + offset)) x = -INFINITY;
-        }
-        s[j][e] = x;
-        new_max[e >> 1] = fmaxf(new_max[e >> 1], x);
-      }
-    }
-    float corr[2], base[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      new_max[r] = fmaxf(new_max[r], __shfl_xor_sync(0xffffffffu, new_max[r], 1));
-      new_max[r] = fmaxf(new_max[r], __shfl_xor_sync(0xffffffffu, new_max[r], 2));
-      base[r] = new_max[r] == -INFINITY ? 0.f : new_max[r];  // fully masked row so far
-      corr[r] = exp2f(row_max[r] - base[r]);                 // 0 when row_max = -inf
-      row_max[r] = new_max[r];
-      row_sum[r] *= corr[r];
-    }
-#pragma unroll
-    for (int j = 0; j < kPrefillVDim / 8; ++j) {
-      o[j][0] *= corr[0];
-      o[j][1] *= corr[0];
-      o[j][2] *= corr[1];
-      o[j][3] *= corr[1];
-    }
     uint32_t pa[kBlockN / 16][4];
-#pragma unroll
-    for (int j = 0; j < kBlockN / 8; ++j) {
-      const float p0 = exp2f(s[j][0] - base[0]), p1 = exp2f(s[j][1] - base[0]);
-      const float p2 = exp2f(s[j][2] - base[1]), p3 = exp2f(s[j][3] - base[1]);
-      row_sum[0] += p0 + p1;
-      row_sum[1] += p2 + p3;
-      pa[j / 2][(j % 2) * 2 + 0] = PackBf16(p0, p1);
-      pa[j / 2][(j % 2) * 2 + 1] = PackBf16(p2, p3);
-    }
+    SoftmaxStep(s, o, row_max, row_sum, pa, key0, need_mask, k_len, p.causal, row0, offset,
+                scale_log2);
     if (kPvMode != 0) {
       asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
@@ -385,47 +457,133 @@ __global__ void __launch_bounds__(Shape<kWarps>::kThreads, 8 / kWarps)
   }
   CpAsyncWait<0>();
 
-  // Epilogue: finish the row sums across the 4 lanes of a row, normalize, merge, store.
+  Epilogue(p, o, row_max, row_sum, row0, q_len, q_begin, head);
+}
+
+// Variant 6: both GEMMs on wgmma, 8 warps (2 warpgroups of 64 rows), K/V tiles in a 3-stage
+// cp.async ring, and S(t+1) = Q K(t+1)^T issued asynchronously before the softmax of tile t, so the
+// tensor cores work during the softmax; P(t) V(t) and S(t+1) are waited for together.
+constexpr int kOvStages = 3;
+constexpr int kOvThreads = 256;
+constexpr int kOvBlockM = 128;
+constexpr int kOvQBytes = kOvBlockM * kQkStride * 2;
+constexpr int kOvSmemBytes = kOvQBytes + kOvStages * (kKStageBytes + kVStageBytes);
+
+__global__ void __launch_bounds__(kOvThreads, 1)
+    PrefillAttentionOverlapKernel(PrefillAttentionParams p) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  auto* sQ = reinterpret_cast<__nv_bfloat16*>(smem);
+  unsigned char* sK = smem + kOvQBytes;
+  unsigned char* sV = sK + kOvStages * kKStageBytes;
+
+  const int b = blockIdx.z, head = blockIdx.y;
+  const int m_block = gridDim.x - 1 - blockIdx.x;
+  const int q_begin = p.cu_seqlens_q[b], q_len = p.cu_seqlens_q[b + 1] - q_begin;
+  const int k_begin = p.cu_seqlens_k[b], k_len = p.cu_seqlens_k[b + 1] - k_begin;
+  const int m0 = m_block * kOvBlockM;
+  if (m0 >= q_len) return;
+  const int offset = k_len - q_len;
+  const int k_end = p.causal ? min(k_len, m0 + kOvBlockM + offset) : k_len;
+  const int n_tiles = k_end > 0 ? (k_end + kBlockN - 1) / kBlockN : 0;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const __nv_bfloat16* q = p.q + static_cast<int64_t>(q_begin + m0) * p.q_token_stride +
+                           static_cast<int64_t>(head) * p.q_head_stride;
+  const __nv_bfloat16* k = p.k + static_cast<int64_t>(k_begin) * p.k_token_stride +
+                           static_cast<int64_t>(head) * p.k_head_stride;
+  const __nv_bfloat16* v = p.v + static_cast<int64_t>(k_begin) * p.v_token_stride +
+                           static_cast<int64_t>(head) * p.v_head_stride;
+  // One cp.async group per tile (tile 0's also holds Q); empty groups keep the count uniform.
+  auto load_tile = [&](int tile) {
+    if (tile < n_tiles) {
+      const int first = tile * kBlockN;
+      LoadTileCore<kBlockN, kOvThreads>(sK + (tile % kOvStages) * kKStageBytes,
+                                        k + static_cast<int64_t>(first) * p.k_token_stride,
+                                        p.k_token_stride, k_len - first);
+      LoadVCore<kOvThreads>(sV + (tile % kOvStages) * kVStageBytes,
+                            v + static_cast<int64_t>(first) * p.v_token_stride, p.v_token_stride,
+                            k_len - first);
+    }
+    CpAsyncCommit();
+  };
+  auto issue_s = [&](float(&acc)[kBlockN / 8][4], const uint32_t(&qf)[kPrefillQkDim / 16][4],
+                     int tile) {
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 1);
-    row_sum[r] += __shfl_xor_sync(0xffffffffu, row_sum[r], 2);
-  }
+    for (int ks = 0; ks < kPrefillQkDim / 16; ++ks) {
+      WgmmaS(acc, qf[ks], MakeDesc(sK + (tile % kOvStages) * kKStageBytes + ks * 2 * kCoreLbo),
+             ks > 0 ? 1 : 0);
+    }
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+    FenceOperands(acc);
+  };
+
+  LoadTile<kOvBlockM, kPrefillQkDim, kQkStride, kOvThreads>(sQ, q, p.q_token_stride, q_len - m0);
+  load_tile(0);
+  load_tile(1);
+
+  float o[kPrefillVDim / 8][4];
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = row0 + r * 8;
-    if (row >= q_len) continue;
-    const float lse_new = row_sum[r] > 0.f ? row_max[r] * kLn2 + logf(row_sum[r]) : -INFINITY;
-    float w_new = row_sum[r] > 0.f ? 1.f / row_sum[r] : 0.f;
-    float w_old = 0.f, lse = lse_new;
-    const int64_t qrow = q_begin + row;
-    float* lse_ptr = p.lse + qrow * p.num_heads + head;
-    __nv_bfloat16* out =
-        p.out + qrow * p.out_token_stride + static_cast<int64_t>(head) * p.out_head_stride;
-    if (p.accumulate) {
-      const float lse_old = *lse_ptr;
-      if (lse_old != -INFINITY) {
-        const float mx = fmaxf(lse_old, lse_new);
-        const float e_old = expf(lse_old - mx),
-                    e_new = lse_new == -INFINITY ? 0.f : expf(lse_new - mx);
-        lse = mx + logf(e_old + e_new);
-        w_old = e_old / (e_old + e_new);
-        w_new *= e_new / (e_old + e_new);
+  for (int j = 0; j < kPrefillVDim / 8; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+  float row_max[2] = {-INFINITY, -INFINITY}, row_sum[2] = {0.f, 0.f};
+  const float scale_log2 = p.softmax_scale * kLog2e;
+  const int row0 = m0 + warp * 16 + lane / 4;
+
+  if (n_tiles > 0) {
+    CpAsyncWait<1>();  // Q and tile 0
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    __syncthreads();
+    uint32_t qf[kPrefillQkDim / 16][4];
+#pragma unroll
+    for (int ks = 0; ks < kPrefillQkDim / 16; ++ks) {
+      LdMatrixX4(qf[ks], sQ + (warp * 16 + lane % 16) * kQkStride + ks * 16 + (lane / 16) * 8);
+    }
+    float s[kBlockN / 8][4], s_next[kBlockN / 8][4];
+#pragma unroll
+    for (int j = 0; j < kBlockN / 8; ++j) {
+      s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.f;
+      s_next[j][0] = s_next[j][1] = s_next[j][2] = s_next[j][3] = 0.f;
+    }
+    issue_s(s, qf, 0);
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    FenceOperands(s);
+
+    for (int t = 0; t < n_tiles; ++t) {
+      const bool has_next = t + 1 < n_tiles;
+      if (has_next) {
+        CpAsyncWait<0>();  // tile t + 1 (the newest group)
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+      }
+      // All warps are done with tile t - 1 (its PV waited for at the end of t - 1): its stage
+      // takes tile t + 2.
+      __syncthreads();
+      load_tile(t + 2);
+      if (has_next) issue_s(s_next, qf, t + 1);
+
+      const int key0 = t * kBlockN;
+      const bool need_mask =
+          key0 + kBlockN > k_len || (p.causal && key0 + kBlockN - 1 > m0 + offset);
+      uint32_t pa[kBlockN / 16][4];
+      SoftmaxStep(s, o, row_max, row_sum, pa, key0, need_mask, k_len, p.causal, row0, offset,
+                  scale_log2);
+
+      asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+      for (int kk = 0; kk < kBlockN / 16; ++kk) {
+        WgmmaPV(o, pa[kk], MakeDescV(sV + (t % kOvStages) * kVStageBytes + kk * 2 * kVCoreKey));
+      }
+      asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+      asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+      FenceOperands(o);
+      FenceOperands(s_next);
+#pragma unroll
+      for (int j = 0; j < kBlockN / 8; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[j][e] = s_next[j][e];
       }
     }
-#pragma unroll
-    for (int j = 0; j < kPrefillVDim / 8; ++j) {
-      const int col = j * 8 + 2 * (lane % 4);
-      float v0 = o[j][2 * r] * w_new, v1 = o[j][2 * r + 1] * w_new;
-      if (w_old != 0.f) {
-        const __nv_bfloat162 old = *reinterpret_cast<const __nv_bfloat162*>(out + col);
-        v0 += w_old * __bfloat162float(old.x);
-        v1 += w_old * __bfloat162float(old.y);
-      }
-      *reinterpret_cast<__nv_bfloat162*>(out + col) = __floats2bfloat162_rn(v0, v1);
-    }
-    if (lane % 4 == 0) *lse_ptr = lse;
   }
+  CpAsyncWait<0>();
+  Epilogue(p, o, row_max, row_sum, row0, q_len, q_begin, head);
 }
 
 absl::Status Invalid(const std::string& what) {
@@ -496,6 +654,22 @@ absl::Status LaunchPrefillAttentionVariant(const PrefillAttentionParams& p, int 
       return LaunchVariant<true, 8, 1>(p, stream);
     case 5:
       return LaunchVariant<true, 8, 1, 1>(p, stream);
+    case 6: {
+      static const cudaError_t attr = cudaFuncSetAttribute(
+          PrefillAttentionOverlapKernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kOvSmemBytes);
+      if (attr != cudaSuccess) {
+        return absl::InternalError(std::string("LaunchPrefillAttention: ") +
+                                   cudaGetErrorString(attr));
+      }
+      const dim3 grid((p.max_seqlen_q + kOvBlockM - 1) / kOvBlockM, p.num_heads, p.batch);
+      PrefillAttentionOverlapKernel<<<grid, kOvThreads, kOvSmemBytes, stream>>>(p);
+      const cudaError_t err = cudaGetLastError();
+      if (err != cudaSuccess) {
+        return absl::InternalError(std::string("LaunchPrefillAttention: ") +
+                                   cudaGetErrorString(err));
+      }
+      return absl::OkStatus();
+    }
     default:
       return Invalid("unknown variant " + std::to_string(variant));
   }

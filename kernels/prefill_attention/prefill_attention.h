@@ -62,9 +62,10 @@ absl::Status LaunchPrefillAttention(const PrefillAttentionParams& params, cudaSt
 // kernel variants: 0 / 1: 8 warps, 128 query rows per block, Q re-read from shared memory per key
 // tile / Q held in registers; 2 / 3: the same with 4 warps and 64 rows (2 blocks per SM); 4: as 1
 // with S = Q K^T on wgmma (sm_90a); 5: as 4 with P V on wgmma too. 4 and 5 are correct but not yet
-// faster (each wgmma is waited for at once; see prefill_attention/NOTES.md). Default: 1, the
-// fastest measured on the H200 at 128 heads.
-inline constexpr int kPrefillAttentionVariants = 6;
+// faster (each wgmma is waited for at once; see prefill_attention/NOTES.md); 6: both on wgmma with
+// S(t+1) issued before the softmax of tile t (3-stage ring). Default: the fastest measured on the
+// H200 at 128 heads.
+inline constexpr int kPrefillAttentionVariants = 7;
 inline constexpr int kPrefillAttentionDefaultVariant = 1;
 absl::Status LaunchPrefillAttentionVariant(const PrefillAttentionParams& params, int variant,
                                            cudaStream_t stream);
