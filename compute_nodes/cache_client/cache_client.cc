@@ -440,9 +440,11 @@ FetchResult CacheClient::Fetch(const Namespace& ns, std::span<const BlockKey> ke
     };
     auto batch = read_all();
     if (absl::Status first = batch->status(0);
-        absl::IsUnavailable(first) && first.message() != "pending") {
+        (absl::IsUnavailable(first) && first.message() != "pending") || absl::IsDataLoss(first)) {
       // The server answered the Lookup but its data path is gone: it restarted (new transfer
-      // ports, a new shm arena). Re-open the path once and read again under the same lease.
+      // ports, a new shm arena). Over tcp that is a refused connection; over shm the old arena
+      // stays mapped and readable, so it shows as bytes that fail their checksum. Re-open the
+      // path once and read again under the same lease (real corruption fails again).
       im.MaybeStale(first);
       std::shared_ptr<const DataPath> fresh = im.Path(/*now=*/true);
       if (fresh != path) {
