@@ -4,6 +4,7 @@
 #include "scheduler/batch/batch_runner.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -68,12 +69,16 @@ class FlakyBackend : public CompletionBackend {
 class BatchRunnerTest : public testing::Test {
  protected:
   void SetUp() override {
-    dir_ = testing::TempDir() + "/batch_runner_" +
+    dir_ = testing::TempDir() + "/batch_runner_" + std::to_string(getpid()) + "_" +
            testing::UnitTest::GetInstance()->current_test_info()->name();
     std::filesystem::remove_all(dir_);
     std::filesystem::create_directories(dir_);
     server_ = std::make_unique<GatewayServer>(GatewayOptions{}, &backend_);
     ASSERT_TRUE(server_->Start().ok());
+  }
+
+  void TearDown() override {
+    if (!HasFailure()) std::filesystem::remove_all(dir_);
   }
 
   BatchOptions Options() {
