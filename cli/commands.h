@@ -33,6 +33,7 @@ void RegisterSchedulerCommands(CLI::App& app);     // strata bench replay (sched
 void RegisterBenchTransferCommand(CLI::App& app);  // strata bench transfer
 void RegisterBenchStoreCommand(CLI::App& app);     // strata bench store
 void RegisterBenchWorkerCommand(CLI::App& app);    // strata bench worker
+void RegisterUpCommand(CLI::App& app);             // strata up (a local cluster)
 void RegisterModelCommand(CLI::App& app);          // strata model make-random | logits
 void RegisterGenerateCommand(CLI::App& app);       // strata generate
 

@@ -131,6 +131,27 @@ void StrataConfig::Register(ConfigSchema& schema) {
   cache.Register(schema);
   worker.Register(schema);
   scheduler.Register(schema);
+  up.Register(schema);
+}
+
+void UpSection::Register(ConfigSchema& schema) {
+  schema.AddString("up.run_dir", &run_dir,
+                   "Directory for logs, data, the model and the effective config (strata up)");
+  schema.AddString("up.model", &model,
+                   "Model directory, or a preset (tiny, small-v3, ...) made under run_dir/models");
+  schema.AddInt("up.model_seed", &model_seed, "Seed of a preset model made on first run", 0,
+                int64_t{1} << 62);
+  schema.AddInt("up.prefill_workers", &prefill_workers, "Prefill-only workers", 0, 64);
+  schema.AddInt("up.decode_workers", &decode_workers, "Decode-only workers", 0, 64);
+  schema.AddInt("up.workers", &workers, "Workers that do both prefill and decode", 0, 64);
+  schema.AddInt("up.http_port", &http_port, "Port of the OpenAI gateway on 127.0.0.1; 0: any", 0,
+                65535);
+  schema.AddDuration("up.start_timeout", &start_timeout,
+                     "How long a daemon may take to become ready");
+  schema.AddDuration("up.stop_timeout", &stop_timeout,
+                     "How long a daemon may take to stop before it is killed");
+  schema.AddDuration("up.max_backoff", &max_backoff,
+                     "Longest wait before restarting a daemon that keeps crashing");
 }
 
 }  // namespace strata

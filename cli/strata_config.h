@@ -104,12 +104,30 @@ struct SchedulerSection {
   void Register(ConfigSchema& schema);
 };
 
+// `up.*`: the local cluster `strata up` starts and supervises (cli/up/). Every daemon of it
+// reads the same file; `up` adds each one's ports, directories and node id.
+struct UpSection {
+  std::string run_dir = "strata-run";  // logs, data, model, effective config; relative to cwd
+  std::string model = "small-v3";      // a model directory, or a preset made on first run
+  int64_t model_seed = 1;
+  int64_t prefill_workers = 1;
+  int64_t decode_workers = 1;
+  int64_t workers = 0;       // role `both`
+  int64_t http_port = 8000;  // the OpenAI gateway; 0: any free port
+  absl::Duration start_timeout = absl::Seconds(120);
+  absl::Duration stop_timeout = absl::Seconds(20);
+  absl::Duration max_backoff = absl::Seconds(30);
+
+  void Register(ConfigSchema& schema);
+};
+
 struct StrataConfig {
   LogSection log;
   ClusterSection cluster;
   CacheSection cache;
   WorkerSection worker;
   SchedulerSection scheduler;
+  UpSection up;
 
   // Registers every section's options with `schema`, bound to this object's fields.
   void Register(ConfigSchema& schema);

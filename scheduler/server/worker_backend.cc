@@ -17,6 +17,9 @@ struct WorkerBackend::Call {
   std::mutex mu;
   grpc::ClientContext* context = nullptr;  // guarded by mu
   bool cancelled = false;                  // guarded by mu
+  // What reached the client so far, over every attempt (the request's own thread only).
+  std::vector<uint32_t> streamed_tokens;
+  std::string streamed_text;
 
   // Makes `context` the one to cancel; false when the request is already cancelled.
   bool Attach(grpc::ClientContext* ctx) {
@@ -51,7 +54,6 @@ struct WorkerBackend::Prepared {
 struct WorkerBackend::Attempt {
   absl::Status status;
   NodeIndex failed_node = kNoNode;  // whose call failed (for the retry)
-  bool text_sent = false;
   FinishReason finish = FinishReason::kStop;
   CompletionUsage usage;
 };
@@ -103,6 +105,19 @@ bool Retryable(const absl::Status& status) {
 std::chrono::system_clock::time_point Deadline(absl::Duration timeout) {
   return std::chrono::system_clock::now() +
          std::chrono::milliseconds(absl::ToInt64Milliseconds(timeout));
+}
+
+// How many of the streamed tokens a resumed attempt can take as given: the most whose text is
+// exactly what the client received (the worker holds back the bytes of an unfinished UTF-8
+// character, so the last token or two may have sent nothing yet). 0 when none fits.
+size_t ResumePoint(const tokenizer::Tokenizer& tok, const std::vector<uint32_t>& tokens,
+                   const std::string& text) {
+  std::vector<int32_t> ids(tokens.begin(), tokens.end());
+  for (size_t n = ids.size(); n > 0; --n) {
+    if (tok.Decode(std::span<const int32_t>(ids.data(), n)) == text) return n;
+    if (ids.size() - n >= 4) break;  // at most a character's worth of tokens is held back
+  }
+  return 0;
 }
 
 }  // namespace
@@ -200,6 +215,7 @@ void WorkerBackend::Run(const CompletionRequest& request, Call& call) {
   preq.max_output_tokens = request.max_tokens;
   preq.priority = request.priority;
 
+  const std::vector<uint32_t> prompt = p.tokens;
   for (int attempt = 0;; ++attempt) {
     p.id_prefix = StrCat(request_id, ".", attempt);
     if (call.Cancelled()) {
@@ -239,7 +255,9 @@ void WorkerBackend::Run(const CompletionRequest& request, Call& call) {
       result = RunDisaggregated(request, call, p, *placement, *prefill, *decode);
     }
     if (result.status.ok()) {
-      result.usage.prompt_tokens = p.tokens.size();
+      // Over every attempt: a resumed one's prompt held the tokens streamed before it.
+      result.usage.prompt_tokens = prompt.size();
+      result.usage.completion_tokens += p.tokens.size() - prompt.size();
       sink.OnDone(absl::OkStatus(), result.finish, result.usage);
       return;
     }
@@ -247,8 +265,24 @@ void WorkerBackend::Run(const CompletionRequest& request, Call& call) {
       sink.OnDone(absl::CancelledError("request cancelled"), FinishReason::kStop, {});
       return;
     }
-    const bool retry =
-        !result.text_sent && Retryable(result.status) && attempt + 1 < options_.max_attempts;
+    bool retry = Retryable(result.status) && attempt + 1 < options_.max_attempts;
+    const bool streamed = !call.streamed_tokens.empty();
+    if (retry && streamed) {
+      // Resume: the tokens the client has become part of the prompt of the next attempt.
+      const size_t keep =
+          ResumePoint(*options_.tokenizer, call.streamed_tokens, call.streamed_text);
+      retry = keep > 0 || call.streamed_text.empty();
+      if (retry) {
+        call.streamed_tokens.resize(keep);
+        p.tokens = prompt;
+        p.tokens.insert(p.tokens.end(), call.streamed_tokens.begin(), call.streamed_tokens.end());
+        p.keys = ComputeBlockKeys(p.ns, p.tokens, p.block_tokens);
+        p.sampling.set_max_tokens(static_cast<uint32_t>(request.max_tokens - keep));
+        preq.keys = p.keys;
+        preq.prompt_tokens = p.tokens.size();
+        preq.max_output_tokens = request.max_tokens - keep;
+      }
+    }
     std::string failed_id;
     if (auto failed = directory_->Get(result.failed_node); failed.has_value()) {
       failed_id = failed->id;
@@ -258,7 +292,7 @@ void WorkerBackend::Run(const CompletionRequest& request, Call& call) {
     spdlog::warn("scheduler: request {} failed on node {} ({}){}", p.id_prefix, failed_id,
                  ToStd(result.status.message()), retry ? "; retrying elsewhere" : "");
     if (!retry) {
-      absl::Status status = result.text_sent
+      absl::Status status = streamed
                                 ? absl::UnavailableError(StrCat("the worker failed mid-stream: ",
                                                                 result.status.message()))
                                 : result.status;
@@ -266,15 +300,26 @@ void WorkerBackend::Run(const CompletionRequest& request, Call& call) {
       return;
     }
     retries_.fetch_add(1);
+    if (streamed) {
+      resumed_.fetch_add(1);
+      if (p.sampling.max_tokens() == 0) {  // everything was streamed but the finish
+        CompletionUsage usage;
+        usage.prompt_tokens = prompt.size();
+        usage.completion_tokens = call.streamed_tokens.size();
+        sink.OnDone(absl::OkStatus(), FinishReason::kLength, usage);
+        return;
+      }
+    }
   }
 }
 
 namespace {
 
-// Reads a TokenChunk stream into the sink. Returns the final status of the stream.
+// Reads a TokenChunk stream into the sink, appending what was streamed to `tokens` and `text`.
+// Returns the final status of the stream.
 absl::Status ReadTokens(grpc::ClientReader<v1::TokenChunk>& reader, CompletionSink& sink,
-                        bool& text_sent, FinishReason& finish, v1::TokenChunk::Usage& usage,
-                        const std::function<void()>& on_first_chunk) {
+                        std::vector<uint32_t>& tokens, std::string& text, FinishReason& finish,
+                        v1::TokenChunk::Usage& usage, const std::function<void()>& on_first_chunk) {
   v1::TokenChunk chunk;
   bool first = true;
   v1::FinishReason reason = v1::FINISH_UNSPECIFIED;
@@ -283,9 +328,10 @@ absl::Status ReadTokens(grpc::ClientReader<v1::TokenChunk>& reader, CompletionSi
       first = false;
       on_first_chunk();
     }
+    tokens.insert(tokens.end(), chunk.tokens().begin(), chunk.tokens().end());
     if (!chunk.text().empty()) {
       sink.OnText(chunk.text());
-      text_sent = true;
+      text += chunk.text();
     }
     if (chunk.finish_reason() != v1::FINISH_UNSPECIFIED) {
       reason = chunk.finish_reason();
@@ -355,7 +401,8 @@ WorkerBackend::Attempt WorkerBackend::RunGenerate(const CompletionRequest& reque
   } else {
     auto stub = v1::Worker::NewStub(channels_->Get(node.grpc_address));
     auto reader = stub->Generate(&ctx, req);
-    out.status = ReadTokens(*reader, *call.sink, out.text_sent, out.finish, usage, report_prefill);
+    out.status = ReadTokens(*reader, *call.sink, call.streamed_tokens, call.streamed_text,
+                            out.finish, usage, report_prefill);
     call.Detach();
   }
   report_prefill();
@@ -439,7 +486,8 @@ WorkerBackend::Attempt WorkerBackend::RunDisaggregated(const CompletionRequest& 
   } else {
     auto stub = v1::Worker::NewStub(channels_->Get(decode.grpc_address));
     auto reader = stub->Decode(&ctx, dreq);
-    out.status = ReadTokens(*reader, *call.sink, out.text_sent, out.finish, usage, [] {});
+    out.status = ReadTokens(*reader, *call.sink, call.streamed_tokens, call.streamed_text,
+                            out.finish, usage, [] {});
     call.Detach();
   }
   finish_decode();

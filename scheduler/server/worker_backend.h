@@ -16,11 +16,15 @@
 // model is calibrated from Prefill responses, whose prefill_ms excludes queueing — a Generate
 // stream gives no such figure, so it only releases the booking).
 //
-// Failures: a call that fails before any text reached the client is retried once, on a freshly
-// decided placement; a node that was unreachable (UNAVAILABLE) is marked dead first so the retry
-// goes elsewhere (its next heartbeat revives it). After text was sent, the request ends with
-// Unavailable. No worker registered → Unavailable. A client that goes away (sink->Cancelled())
-// cancels the gRPC call within ~50 ms, which cancels the work on the worker.
+// Failures: a call that fails is retried once, on a freshly decided placement; a node that was
+// unreachable (UNAVAILABLE) is marked dead first so the retry goes elsewhere (its next heartbeat
+// revives it). A stream that dies after text reached the client resumes: the retry's prompt is
+// the original prompt plus the tokens already streamed (cut back to the last token whose text was
+// whole, so no UTF-8 character is split or repeated), and it asks only for the tokens still due;
+// the client sees one uninterrupted answer. (A resumed sampled answer continues with fresh draws;
+// a stop string split exactly across the failure point is not seen.) With no retry left the
+// request ends with Unavailable. No worker registered → Unavailable. A client that goes away
+// (sink->Cancelled()) cancels the gRPC call within ~50 ms, which cancels the work on the worker.
 //
 // Threading: each request runs on its own short-lived thread (blocking gRPC calls); one extra
 // thread polls for cancelled clients. Shutdown() cancels everything in flight and waits.
@@ -64,6 +68,8 @@ class WorkerBackend final : public CompletionBackend {
   void Shutdown();
 
   uint64_t retries() const { return retries_.load(); }
+  // Retries that resumed a stream which had already sent text.
+  uint64_t resumed() const { return resumed_.load(); }
   uint64_t requests() const { return requests_.load(); }
 
   // Defined in worker_backend.cc.
@@ -86,6 +92,7 @@ class WorkerBackend final : public CompletionBackend {
   const WorkerBackendOptions options_;
   std::atomic<uint64_t> next_id_{1};
   std::atomic<uint64_t> retries_{0};
+  std::atomic<uint64_t> resumed_{0};
   std::atomic<uint64_t> requests_{0};
 
   std::mutex mu_;  // before Call::mu when both are held

@@ -1,6 +1,6 @@
 // WorkerBackend against scripted in-process Worker services (the real workers are exercised in
 // scheduler_cluster_test): what it sends (namespace, block keys, sampling, the prefill → decode
-// handoff), what it streams to the sink, retry before text only, cancellation, no workers.
+// handoff), what it streams to the sink, retry and mid-stream resume, cancellation, no workers.
 #include "scheduler/server/worker_backend.h"
 
 #include <grpcpp/grpcpp.h>
@@ -340,26 +340,87 @@ TEST_F(WorkerBackendTest, AFailureBeforeTextIsRetriedElsewhere) {
   }
 }
 
-TEST_F(WorkerBackendTest, AFailureAfterTextIsNotRetried) {
-  ScriptedWorker a, b;
-  for (ScriptedWorker* w : {&a, &b}) {
-    w->stream = [](grpc::ServerContext*, grpc::ServerWriter<v1::TokenChunk>* writer) {
+// Streams one chunk per (ids, text) pair, then fails as a killed worker does.
+ScriptedWorker::StreamFn DiesAfter(
+    std::vector<std::pair<std::vector<int32_t>, std::string>> chunks) {
+  return [chunks](grpc::ServerContext*, grpc::ServerWriter<v1::TokenChunk>* writer) {
+    for (const auto& [ids, text] : chunks) {
       v1::TokenChunk c;
-      c.add_tokens(1);
-      c.set_text("partial");
+      for (int32_t id : ids) c.add_tokens(static_cast<uint32_t>(id));
+      c.set_text(text);
       writer->Write(c);
-      return grpc::Status(grpc::StatusCode::UNAVAILABLE, "died mid-stream");
-    };
-  }
-  AddNode("a", v1::ROLE_BOTH, a);
+    }
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "died mid-stream");
+  };
+}
+
+TEST_F(WorkerBackendTest, AStreamThatDiesResumesElsewhereWithWhatWasStreamed) {
+  ScriptedWorker a, b;
+  const std::vector<int32_t> hello = *tokenizer_->Encode("Hello world", false);
+  a.stream = DiesAfter({{hello, "Hello world"}});
+  b.stream = ScriptedWorker::Texts({"!", "?"}, v1::FINISH_LENGTH);
+  AddNode("a", v1::ROLE_BOTH, a);  // round robin places the first attempt here
   AddNode("b", v1::ROLE_BOTH, b);
-  auto sink = Run(Prompt("hello"));
-  EXPECT_TRUE(absl::IsUnavailable(sink->status())) << sink->status();
-  EXPECT_EQ(sink->text(), "partial");
-  EXPECT_EQ(backend_->retries(), 0u);
+  CompletionRequest request = Prompt("Say hello");
+  request.max_tokens = 8;
+  auto sink = Run(request);
+  ASSERT_TRUE(sink->status().ok()) << sink->status();
+  EXPECT_EQ(sink->text(), "Hello world!?");  // one answer, nothing repeated
+  EXPECT_EQ(backend_->retries(), 1u);
+  EXPECT_EQ(backend_->resumed(), 1u);
   std::lock_guard<std::mutex> la(a.mu);
   std::lock_guard<std::mutex> lb(b.mu);
-  EXPECT_EQ(a.generate_calls + b.generate_calls, 1);
+  ASSERT_EQ(b.generate_calls, 1);
+  // The resumed prompt is the original one followed by the tokens the client already has.
+  const std::vector<int32_t> original = *tokenizer_->Encode("Say hello", true);
+  std::vector<uint32_t> expected(original.begin(), original.end());
+  expected.insert(expected.end(), hello.begin(), hello.end());
+  EXPECT_EQ(std::vector<uint32_t>(b.last_generate.prompt_tokens().begin(),
+                                  b.last_generate.prompt_tokens().end()),
+            expected);
+  EXPECT_EQ(b.last_generate.sampling().max_tokens(), 8 - hello.size());
+  EXPECT_EQ(b.last_generate.cache().block_keys_size(), static_cast<int>(expected.size() / 16));
+  // Usage counts the original prompt and every generated token.
+  EXPECT_EQ(sink->usage().prompt_tokens, original.size());
+  EXPECT_EQ(sink->usage().completion_tokens, hello.size() + 2);
+}
+
+TEST_F(WorkerBackendTest, AResumeStartsAfterTheLastWholeCharacter) {
+  // A 4-byte character spread over several byte tokens: the worker sent the text of "Hi" and
+  // held back the first bytes of the rocket, so the resumed attempt must not take those tokens.
+  const std::vector<int32_t> hi = *tokenizer_->Encode("Hi", false);
+  const std::vector<int32_t> rocket = *tokenizer_->Encode("\xF0\x9F\x9A\x80", false);
+  ASSERT_GT(rocket.size(), 1u) << "the test needs a character split over tokens";
+  ScriptedWorker a, b;
+  a.stream = DiesAfter({{hi, "Hi"}, {{rocket[0]}, ""}});
+  b.stream = ScriptedWorker::Texts({" there"}, v1::FINISH_STOP);
+  AddNode("a", v1::ROLE_BOTH, a);
+  AddNode("b", v1::ROLE_BOTH, b);
+  auto sink = Run(Prompt("greet"));
+  ASSERT_TRUE(sink->status().ok()) << sink->status();
+  EXPECT_EQ(sink->text(), "Hi there");
+  std::lock_guard<std::mutex> lb(b.mu);
+  const std::vector<int32_t> original = *tokenizer_->Encode("greet", true);
+  ASSERT_EQ(b.last_generate.prompt_tokens_size(), static_cast<int>(original.size() + hi.size()));
+  EXPECT_EQ(b.last_generate.prompt_tokens(b.last_generate.prompt_tokens_size() - 1),
+            static_cast<uint32_t>(hi.back()));
+}
+
+TEST_F(WorkerBackendTest, AStreamThatDiesTwiceFailsClearly) {
+  ScriptedWorker a, b;
+  const std::vector<int32_t> part = *tokenizer_->Encode("partial", false);
+  for (ScriptedWorker* w : {&a, &b}) w->stream = DiesAfter({{part, "partial"}});
+  AddNode("a", v1::ROLE_BOTH, a);
+  AddNode("b", v1::ROLE_BOTH, b);
+  CompletionRequest request = Prompt("hello");
+  request.max_tokens = 16;
+  auto sink = Run(request);
+  EXPECT_TRUE(absl::IsUnavailable(sink->status())) << sink->status();
+  EXPECT_NE(sink->status().message().find("mid-stream"), std::string::npos) << sink->status();
+  EXPECT_EQ(sink->text(), "partialpartial");  // the first attempt's text, then the resumed one's
+  std::lock_guard<std::mutex> la(a.mu);
+  std::lock_guard<std::mutex> lb(b.mu);
+  EXPECT_EQ(a.generate_calls + b.generate_calls, 2);  // one retry, no more
 }
 
 TEST_F(WorkerBackendTest, ABadRequestIsNotRetried) {
