@@ -175,6 +175,22 @@ TEST_F(BatchRunnerTest, RunsEverythingAtLowPriorityAndReusesSharedPrefixes) {
   EXPECT_EQ(ReadLines(dir_ + "/out.jsonl").size(), 41u);
 }
 
+TEST_F(BatchRunnerTest, OneThreadRunsInPromptOrderOrInInputOrder) {
+  WriteInput({Line("x", "charlie"), Line("y", "alpha"), Line("z", "bravo")});
+  BatchOptions o = Options();
+  o.concurrency = 1;
+  ASSERT_TRUE(RunBatch(o).ok());
+  std::vector<std::string> ids;
+  for (const Json& l : ReadLines(o.output_path)) ids.push_back(l["custom_id"]);
+  EXPECT_EQ(ids, (std::vector<std::string>{"y", "z", "x"}));
+  o.output_path = dir_ + "/input_order.jsonl";
+  o.order = RunOrder::kInput;
+  ASSERT_TRUE(RunBatch(o).ok());
+  ids.clear();
+  for (const Json& l : ReadLines(o.output_path)) ids.push_back(l["custom_id"]);
+  EXPECT_EQ(ids, (std::vector<std::string>{"x", "y", "z"}));
+}
+
 TEST_F(BatchRunnerTest, RetriesA429HonouringRetryAfter) {
   backend_.reject_first = 2;
   WriteInput({Line("flaky", "a FLAKY prompt"), Line("fine", "a fine prompt")});
