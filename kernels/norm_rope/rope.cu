@@ -1,0 +1,95 @@
+// RoPE: one warp per (token, head) vector; the whole vector is read before any lane writes, so the
+// de-interleaving permutation can run in place.
+#include <string>
+
+#include "kernels/norm_rope/rope.h"
+
+namespace strata::kernels {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kPairsPerLane = kRopeMaxDim / 2 / 32;
+
+__global__ void __launch_bounds__(kThreads) RopeKernel(RopeParams p) {
+  const int64_t vec = static_cast<int64_t>(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32;
+  if (vec >= static_cast<int64_t>(p.num_tokens) * p.num_heads) return;
+  const int lane = threadIdx.x % 32;
+  const int token = static_cast<int>(vec / p.num_heads);
+  const int head = static_cast<int>(vec % p.num_heads);
+  __nv_bfloat16* x = p.x + token * p.token_stride + head * p.head_stride;
+  const int half = p.rope_dim / 2;
+  const float pos = static_cast<float>(p.positions[token]);
+  float ra[kPairsPerLane], rb[kPairsPerLane];
+#pragma unroll
+  for (int k = 0; k < kPairsPerLane; ++k) {
+    const int i = lane + 32 * k;
+    if (i >= half) break;
+    float a, b;
+    if (p.layout == RopeLanes::kHalves) {
+      a = __bfloat162float(x[i]);
+      b = __bfloat162float(x[i + half]);
+    } else {
+      a = __bfloat162float(x[2 * i]);
+      b = __bfloat162float(x[2 * i + 1]);
+    }
+    const float f = p.inv_freq[i] * pos;
+    float sn, cs;
+    sincosf(f, &sn, &cs);  // full-range reduction (no fast-math intrinsics)
+    cs *= p.attention_factor;
+    sn *= p.attention_factor;
+    ra[k] = a * cs - b * sn;
+    rb[k] = b * cs + a * sn;
+  }
+  __syncwarp();
+#pragma unroll
+  for (int k = 0; k < kPairsPerLane; ++k) {
+    const int i = lane + 32 * k;
+    if (i >= half) break;
+    if (p.layout == RopeLanes::kInterleaved) {
+      x[2 * i] = __float2bfloat16_rn(ra[k]);
+      x[2 * i + 1] = __float2bfloat16_rn(rb[k]);
+    } else {
+      x[i] = __float2bfloat16_rn(ra[k]);
+      x[i + half] = __float2bfloat16_rn(rb[k]);
+    }
+  }
+}
+
+absl::Status Invalid(const std::string& what) {
+  return absl::InvalidArgumentError("LaunchRope: " + what);
+}
+
+}  // namespace
+
+absl::Status ValidateRopeParams(const RopeParams& p) {
+  if (p.num_tokens < 0 || p.num_heads <= 0) return Invalid("num_tokens >= 0, num_heads > 0");
+  if (p.rope_dim <= 0 || p.rope_dim % 2 != 0 || p.rope_dim > kRopeMaxDim) {
+    return Invalid("rope_dim must be even and <= " + std::to_string(kRopeMaxDim));
+  }
+  if (static_cast<int>(p.layout) < 0 || static_cast<int>(p.layout) > 2) {
+    return Invalid("unknown layout");
+  }
+  if (p.x == nullptr || p.positions == nullptr || p.inv_freq == nullptr) {
+    return Invalid("x, positions and inv_freq must be set");
+  }
+  if (p.num_heads > 1 && p.head_stride < p.rope_dim) return Invalid("head_stride < rope_dim");
+  if (p.num_tokens > 1 && p.token_stride < p.rope_dim) return Invalid("token_stride < rope_dim");
+  if (!(p.attention_factor > 0.f)) return Invalid("attention_factor must be positive");
+  return absl::OkStatus();
+}
+
+absl::Status LaunchRope(const RopeParams& params, cudaStream_t stream) {
+  if (absl::Status st = ValidateRopeParams(params); !st.ok()) return st;
+  const int64_t vectors = static_cast<int64_t>(params.num_tokens) * params.num_heads;
+  if (vectors == 0) return absl::OkStatus();
+  const int64_t blocks = (vectors + kThreads / 32 - 1) / (kThreads / 32);
+  if (blocks > 0x7fffffff) return Invalid("too many vectors");
+  RopeKernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(params);
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) {
+    return absl::InternalError(std::string("LaunchRope: ") + cudaGetErrorString(err));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace strata::kernels

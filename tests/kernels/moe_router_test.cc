@@ -1,0 +1,167 @@
+// MoE router kernel against the CPU backend's cpu::RouteToken on fresh random logits and biases:
+// the DeepSeek-V3 (sigmoid, noaux_tc, 8 groups), V2 (softmax, group_limited_greedy) and V2-Lite
+// (softmax, greedy) routers plus an odd small one (label gpu: SKIPPED without a GPU). Both sides
+// compute the scores in double and round to fp32, so the chosen experts must be identical, in
+// order; weights agree to fp32 rounding. Outputs are poisoned before the launch.
+#include "kernels/moe_router/moe_router.h"
+
+#include <gtest/gtest.h>
+
+#include <random>
+#include <vector>
+
+#include "compute_nodes/backend/cpu/cpu_ops.h"
+#include "compute_nodes/model/model_config.h"
+#include "tests/kernels/gpu_test_util.h"
+
+namespace strata::kernels {
+namespace {
+
+using testing::DeviceBuffer;
+
+struct RouterCase {
+  const char* name;
+  model::ModelType type;
+  int experts, top_k;
+  model::ScoringFunc scoring;
+  model::TopkMethod method;
+  int n_group, topk_group;
+  bool norm_topk_prob;
+  double scale;
+};
+
+class MoeRouterTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!testing::HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  }
+  std::mt19937 rng_{std::random_device{}()};
+
+  void RunCase(const RouterCase& rc, int tokens) {
+    SCOPED_TRACE(::testing::Message() << rc.name << " tokens=" << tokens);
+    model::ModelConfig c;
+    c.type = rc.type;
+    c.n_routed_experts = rc.experts;
+    c.num_experts_per_tok = rc.top_k;
+    c.scoring_func = rc.scoring;
+    c.topk_method = rc.method;
+    c.n_group = rc.n_group;
+    c.topk_group = rc.topk_group;
+    c.norm_topk_prob = rc.norm_topk_prob;
+    c.routed_scaling_factor = rc.scale;
+    std::normal_distribution<float> normal(0.f, 2.f), small(0.f, 0.1f);
+    const int ld = rc.experts + 3;  // strided rows
+    std::vector<float> logits(static_cast<size_t>(tokens) * ld);
+    for (float& x : logits) x = normal(rng_);
+    std::vector<float> bias(rc.experts);
+    for (float& x : bias) x = small(rng_);
+    const bool use_bias = rc.method == model::TopkMethod::kNoauxTc;
+
+    DeviceBuffer dlogits(logits), dbias(bias);
+    DeviceBuffer dexperts(static_cast<size_t>(tokens) * rc.top_k * 4),
+        dweights(static_cast<size_t>(tokens) * rc.top_k * 4);
+    MoeRouterParams p;
+    p.num_tokens = tokens;
+    p.num_experts = rc.experts;
+    p.top_k = rc.top_k;
+    p.scoring =
+        rc.scoring == model::ScoringFunc::kSoftmax ? MoeScoring::kSoftmax : MoeScoring::kSigmoid;
+    p.topk_method = static_cast<MoeTopkMethod>(static_cast<int>(rc.method));
+    p.n_group = rc.n_group;
+    p.topk_group = rc.topk_group;
+    p.normalize = rc.type == model::ModelType::kDeepseekV3 && rc.norm_topk_prob;
+    p.routed_scaling_factor = static_cast<float>(rc.scale);
+    p.logits = dlogits.get<float>();
+    p.ld_logits = ld;
+    p.bias = use_bias ? dbias.get<float>() : nullptr;
+    p.experts = dexperts.get<int32_t>();
+    p.weights = dweights.get<float>();
+    const absl::Status st = LaunchMoeRouter(p, nullptr);
+    ASSERT_TRUE(st.ok()) << st;
+    ASSERT_CUDA_OK(cudaDeviceSynchronize());
+    const auto got_e = dexperts.Download<int32_t>();
+    const auto got_w = dweights.Download<float>();
+
+    int64_t expert_mismatch = 0, weight_bad = 0;
+    double max_rel = 0;
+    std::vector<int32_t> want_e;
+    std::vector<float> want_w;
+    for (int t = 0; t < tokens; ++t) {
+      cpu::RouteToken(c, logits.data() + static_cast<size_t>(t) * ld,
+                      use_bias ? bias.data() : nullptr, &want_e, &want_w);
+      ASSERT_EQ(static_cast<int>(want_e.size()), rc.top_k);
+      for (int k = 0; k < rc.top_k; ++k) {
+        const size_t i = static_cast<size_t>(t) * rc.top_k + k;
+        if (got_e[i] != want_e[k]) ++expert_mismatch;
+        const double rel = std::abs(static_cast<double>(got_w[i]) - want_w[k]) /
+                           std::max(1e-30, std::abs(static_cast<double>(want_w[k])));
+        if (!(rel <= 1e-5)) ++weight_bad;
+        if (std::isfinite(rel)) max_rel = std::max(max_rel, rel);
+      }
+    }
+    EXPECT_EQ(expert_mismatch, 0);
+    EXPECT_EQ(weight_bad, 0);
+    std::printf("moe_router %s tokens=%d expert_mismatches=%lld max_weight_rel_err=%.2e\n", rc.name,
+                tokens, static_cast<long long>(expert_mismatch), max_rel);
+  }
+};
+
+const RouterCase kV3 = {"v3",
+                        model::ModelType::kDeepseekV3,
+                        256,
+                        8,
+                        model::ScoringFunc::kSigmoid,
+                        model::TopkMethod::kNoauxTc,
+                        8,
+                        4,
+                        true,
+                        2.5};
+const RouterCase kV2 = {"v2",
+                        model::ModelType::kDeepseekV2,
+                        160,
+                        6,
+                        model::ScoringFunc::kSoftmax,
+                        model::TopkMethod::kGroupLimitedGreedy,
+                        8,
+                        3,
+                        false,
+                        16.0};
+const RouterCase kV2Lite = {"v2-lite",
+                            model::ModelType::kDeepseekV2,
+                            64,
+                            6,
+                            model::ScoringFunc::kSoftmax,
+                            model::TopkMethod::kGreedy,
+                            1,
+                            1,
+                            false,
+                            1.0};
+const RouterCase kOdd = {"odd",
+                         model::ModelType::kDeepseekV3,
+                         40,
+                         3,
+                         model::ScoringFunc::kSigmoid,
+                         model::TopkMethod::kNoauxTc,
+                         4,
+                         2,
+                         true,
+                         1.0};
+const RouterCase kSoftmaxV3 = {"v3-softmax-nonorm",
+                               model::ModelType::kDeepseekV3,
+                               96,
+                               4,
+                               model::ScoringFunc::kSoftmax,
+                               model::TopkMethod::kGreedy,
+                               1,
+                               1,
+                               false,
+                               1.5};
+
+TEST_F(MoeRouterTest, MatchesCpuRouter) {
+  for (const RouterCase& rc : {kV3, kV2, kV2Lite, kOdd, kSoftmaxV3}) {
+    for (int tokens : {1, 33, 2000}) RunCase(rc, tokens);
+  }
+}
+
+}  // namespace
+}  // namespace strata::kernels

@@ -1,0 +1,158 @@
+// Argument validation of the small kernels and prefill attention: host-only (label unit), so a
+// bad shape is refused with InvalidArgument before anything reaches the device.
+#include <gtest/gtest.h>
+
+#include "kernels/activation/silu_mul.h"
+#include "kernels/kv_pages/kv_pages.h"
+#include "kernels/moe_router/moe_router.h"
+#include "kernels/norm_rope/rms_norm.h"
+#include "kernels/norm_rope/rope.h"
+#include "kernels/prefill_attention/prefill_attention.h"
+#include "kernels/sampling/greedy_sample.h"
+
+namespace strata::kernels {
+namespace {
+
+// A 16-byte aligned fake device address: validation never dereferences it.
+template <typename T>
+T* Fake() {
+  return reinterpret_cast<T*>(uintptr_t{1} << 20);
+}
+
+TEST(SmallKernelsParamsTest, RmsNorm) {
+  RmsNormParams p;
+  p.rows = 4;
+  p.dim = 512;
+  p.x = Fake<__nv_bfloat16>();
+  p.weight = Fake<__nv_bfloat16>();
+  p.out = Fake<__nv_bfloat16>();
+  p.ld_x = p.ld_out = 576;
+  EXPECT_TRUE(ValidateRmsNormParams(p).ok());
+  p.dim = 12;  // not a multiple of 8
+  EXPECT_EQ(ValidateRmsNormParams(p).code(), absl::StatusCode::kInvalidArgument);
+  p.dim = 512;
+  p.residual = Fake<__nv_bfloat16>();  // without residual_out
+  p.ld_residual = 512;
+  EXPECT_FALSE(ValidateRmsNormParams(p).ok());
+  p.residual_out = Fake<__nv_bfloat16>() + 1;  // misaligned
+  p.ld_residual_out = 512;
+  EXPECT_FALSE(ValidateRmsNormParams(p).ok());
+}
+
+TEST(SmallKernelsParamsTest, Rope) {
+  RopeParams p;
+  p.num_tokens = 3;
+  p.num_heads = 16;
+  p.x = Fake<__nv_bfloat16>();
+  p.positions = Fake<int32_t>();
+  p.inv_freq = Fake<float>();
+  p.token_stride = 16 * 192;
+  p.head_stride = 192;
+  EXPECT_TRUE(ValidateRopeParams(p).ok());
+  p.rope_dim = 63;
+  EXPECT_FALSE(ValidateRopeParams(p).ok());
+  p.rope_dim = 64;
+  p.head_stride = 32;  // vectors would overlap
+  EXPECT_FALSE(ValidateRopeParams(p).ok());
+}
+
+TEST(SmallKernelsParamsTest, SiluMul) {
+  SiluMulParams p;
+  p.rows = 2;
+  p.dim = 1408;
+  p.gate = Fake<__nv_bfloat16>();
+  p.up = Fake<__nv_bfloat16>() + 1408;
+  p.out = Fake<__nv_bfloat16>();
+  p.ld_gate = p.ld_up = p.ld_out = 2816;
+  EXPECT_TRUE(ValidateSiluMulParams(p).ok());
+  p.ld_up = 100;
+  EXPECT_FALSE(ValidateSiluMulParams(p).ok());
+}
+
+TEST(SmallKernelsParamsTest, KvPages) {
+  KvPagesParams p;
+  p.num_blocks = 2;
+  p.num_layers = 3;
+  p.layer_end = 3;
+  p.page_stride = 64 * 576;
+  p.layer_stride = 10 * 64 * 576;
+  p.pool = Fake<__nv_bfloat16>();
+  p.pages = Fake<int32_t>();
+  p.payloads = Fake<uint8_t* const>();
+  EXPECT_TRUE(ValidateKvPagesParams(p).ok());
+  EXPECT_EQ(KvPayloadLayerBytes(p), 73728);  // docs/block-format.md
+  p.codec = KvPayloadCodec::kFp8E4M3;
+  EXPECT_TRUE(ValidateKvPagesParams(p).ok());
+  EXPECT_EQ(KvPayloadLayerBytes(p), 41984);
+  EXPECT_EQ(KvPayloadBytes(p), 3 * 41984);
+  p.latent_dim = 520;  // fp8 needs a multiple of 128
+  EXPECT_FALSE(ValidateKvPagesParams(p).ok());
+  p.latent_dim = 512;
+  p.layer_begin = 2;
+  p.layer_end = 1;
+  EXPECT_FALSE(ValidateKvPagesParams(p).ok());
+}
+
+TEST(SmallKernelsParamsTest, MoeRouter) {
+  MoeRouterParams p;
+  p.num_tokens = 1;
+  p.num_experts = 256;
+  p.top_k = 8;
+  p.n_group = 8;
+  p.topk_group = 4;
+  p.logits = Fake<float>();
+  p.ld_logits = 256;
+  p.experts = Fake<int32_t>();
+  p.weights = Fake<float>();
+  EXPECT_TRUE(ValidateMoeRouterParams(p).ok());
+  p.num_experts = 100;  // 8 groups do not divide 100
+  p.ld_logits = 100;
+  EXPECT_FALSE(ValidateMoeRouterParams(p).ok());
+  p.num_experts = 1024;  // above kMoeMaxExperts
+  EXPECT_FALSE(ValidateMoeRouterParams(p).ok());
+}
+
+TEST(SmallKernelsParamsTest, PrefillAttention) {
+  PrefillAttentionParams p;
+  p.batch = 1;
+  p.num_heads = 2;
+  p.max_seqlen_q = 10;
+  p.softmax_scale = 0.1f;
+  p.cu_seqlens_q = p.cu_seqlens_k = Fake<int32_t>();
+  p.q = p.k = p.v = Fake<__nv_bfloat16>();
+  p.out = Fake<__nv_bfloat16>();
+  p.lse = Fake<float>();
+  p.q_token_stride = p.k_token_stride = 384;
+  p.v_token_stride = p.out_token_stride = 256;
+  p.q_head_stride = p.k_head_stride = 192;
+  p.v_head_stride = p.out_head_stride = 128;
+  EXPECT_TRUE(ValidatePrefillAttentionParams(p).ok());
+  p.v_token_stride = 250;  // not a multiple of 8
+  EXPECT_FALSE(ValidatePrefillAttentionParams(p).ok());
+  p.v_token_stride = 256;
+  p.softmax_scale = -1.f;
+  EXPECT_FALSE(ValidatePrefillAttentionParams(p).ok());
+}
+
+TEST(SmallKernelsParamsTest, GreedySample) {
+  GreedySampleParams p;
+  p.rows = 2;
+  p.vocab = 129280;
+  p.ld_logits = 129280;
+  p.logits = Fake<float>();
+  p.tokens = Fake<int32_t>();
+  EXPECT_TRUE(ValidateGreedySampleParams(p).ok());
+  p.ld_logits = 1000;
+  EXPECT_FALSE(ValidateGreedySampleParams(p).ok());
+  p.ld_logits = 129280;
+  p.vocab = 0;
+  EXPECT_FALSE(ValidateGreedySampleParams(p).ok());
+}
+
+TEST(SmallKernelsParamsTest, PrefillUnknownVariantRefused) {
+  PrefillAttentionParams p;  // invalid anyway: validation comes first
+  EXPECT_FALSE(LaunchPrefillAttentionVariant(p, 99, nullptr).ok());
+}
+
+}  // namespace
+}  // namespace strata::kernels
