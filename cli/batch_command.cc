@@ -4,6 +4,7 @@
 //   strata batch --input in.jsonl --output out.jsonl --url http://127.0.0.1:8000
 //                [--api-key K] [--concurrency 8] [--priority low|normal|high|N]
 //                [--model M] [--summary-json FILE] [--progress auto|bar|lines|none]
+//                [--order prefix|input]
 //
 // Exit codes: 0 every request succeeded; 1 some failed (listed in <output>.errors.jsonl; a rerun
 // with the same arguments retries them); 2 bad arguments or input (nothing sent); 3 files or
@@ -37,6 +38,7 @@ struct BatchFlags {
   std::string model;
   std::string summary_json;
   std::string progress = "auto";
+  std::string order = "prefix";
   double timeout_s = 600;
   int max_attempts = 8;
   double progress_interval_s = 10;
@@ -99,6 +101,13 @@ void Run(const BatchFlags& f) {
   if (f.max_attempts < 1) Fail(2, "batch: --max-attempts must be >= 1");
   o.max_attempts = f.max_attempts;
   o.progress_interval = absl::Seconds(f.progress_interval_s);
+  if (f.order == "prefix") {
+    o.order = scheduler::batch::RunOrder::kPrefix;
+  } else if (f.order == "input") {
+    o.order = scheduler::batch::RunOrder::kInput;
+  } else {
+    Fail(2, StrCat("batch: --order '", f.order, "' is not prefix or input"));
+  }
   using scheduler::batch::ProgressMode;
   if (f.progress == "auto") {
     o.progress = ProgressMode::kAuto;
@@ -131,6 +140,7 @@ void Run(const BatchFlags& f) {
     if (f.concurrency != 8) StrAppend(&command, " --concurrency ", f.concurrency);
     if (f.priority != "low") StrAppend(&command, " --priority ", Quote(f.priority));
     if (!f.model.empty()) StrAppend(&command, " --model ", Quote(f.model));
+    if (f.order != "prefix") StrAppend(&command, " --order ", Quote(f.order));
     if (!f.summary_json.empty()) StrAppend(&command, " --summary-json ", Quote(f.summary_json));
     Fail(130, StrCat("batch: interrupted; finished results are in ", f.output, ". Resume with:\n  ",
                      command));
@@ -169,6 +179,10 @@ void RegisterBatchCommand(CLI::App& app) {
   cmd->add_option("--model", f->model, "Model for bodies without \"model\"");
   cmd->add_option("--summary-json", f->summary_json,
                   "Write totals (succeeded, failed, tokens, cache_hit_ratio, ...) as JSON here");
+  cmd->add_option("--order", f->order,
+                  "prefix: shared prefixes together, each group's first request before the rest; "
+                  "input: the file's order")
+      ->capture_default_str();
   cmd->add_option("--progress", f->progress,
                   "auto (a bar on a terminal, else lines), bar, lines or none")
       ->capture_default_str();

@@ -261,7 +261,12 @@ absl::StatusOr<BatchResult> RunBatch(const BatchOptions& options, const std::ato
                  failed_before);
   }
 
-  std::vector<BatchGroup> groups = PlanGroups(requests, todo, options.min_shared_prefix);
+  std::vector<BatchGroup> groups;
+  if (options.order == RunOrder::kPrefix) {
+    groups = PlanGroups(requests, todo, options.min_shared_prefix);
+  } else {
+    for (size_t index : todo) groups.push_back(BatchGroup{index, {}});
+  }
   BatchQueue queue(std::move(groups));
   BatchStats stats;
   stats.SetTotal(todo.size(), requests.size() - todo.size());

@@ -41,6 +41,10 @@ constexpr int kLowPriority = -10;
 
 enum class ProgressMode { kAuto, kBar, kLines, kNone };
 
+// kPrefix: the prefix-grouped, leader-first order of batch_plan.h. kInput: the file's order, all
+// requests independent (for outputs that must follow the input, and as a baseline).
+enum class RunOrder { kPrefix, kInput };
+
 struct BatchOptions {
   std::string input_path;
   std::string output_path;
@@ -53,6 +57,7 @@ struct BatchOptions {
   int max_attempts = 8;
   absl::Duration initial_backoff = absl::Milliseconds(500);
   absl::Duration max_backoff = absl::Seconds(60);
+  RunOrder order = RunOrder::kPrefix;
   size_t min_shared_prefix = kDefaultMinSharedPrefix;
   // GET /v1/models first: an unreachable endpoint, a refused key or a model the endpoint does
   // not serve fails the run before any request is sent.

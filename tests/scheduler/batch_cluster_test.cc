@@ -109,10 +109,11 @@ bool WaitForLines(BatchProcess& p, const std::string& path, size_t lines) {
 class BatchClusterTest : public testing::Test {
  protected:
   void SetUp() override {
-    dir_ = testing::TempDir() + "/batch_cluster";
+    // The process id keeps concurrent runs (several build trees) apart.
+    dir_ = testing::TempDir() + "/batch_cluster_" + std::to_string(getpid());
     std::filesystem::remove_all(dir_);
     std::filesystem::create_directories(dir_);
-    model_dir_ = testing::TempDir() + "/batch_cluster_models/strata-tiny";
+    model_dir_ = dir_ + "/models/strata-tiny";
     model::MakeRandomOptions o;
     o.seed = 7;
     ASSERT_TRUE(model::MakeRandomCheckpoint(*model::PresetConfig("tiny"), o, model_dir_).ok());
@@ -183,6 +184,14 @@ class BatchClusterTest : public testing::Test {
       out << line.dump() << "\n";
     }
     return path;
+  }
+
+  void TearDown() override {
+    // Stop the processes before their directory goes; keep it when the test failed.
+    workers_.clear();
+    scheduler_.Kill();
+    cache_.Kill();
+    if (!HasFailure()) std::filesystem::remove_all(dir_);
   }
 
   std::vector<std::string> BatchArgs(const std::string& input, const std::string& output) {

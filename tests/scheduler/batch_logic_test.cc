@@ -1,6 +1,7 @@
 // strata batch's pure logic: input validation, prompt keys, prefix grouping and the run queue,
 // resuming from an output with a torn last line, progress rendering.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -177,10 +178,13 @@ TEST(BatchPlanTest, CloseReleasesWaiters) {
 class BatchOutputTest : public testing::Test {
  protected:
   void SetUp() override {
-    dir_ = testing::TempDir() + "/batch_output_" +
+    dir_ = testing::TempDir() + "/batch_output_" + std::to_string(getpid()) + "_" +
            testing::UnitTest::GetInstance()->current_test_info()->name();
     std::filesystem::remove_all(dir_);
     std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override {
+    if (!HasFailure()) std::filesystem::remove_all(dir_);
   }
   std::string Read(const std::string& path) {
     std::ifstream in(path);

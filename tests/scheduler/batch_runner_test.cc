@@ -4,6 +4,7 @@
 #include "scheduler/batch/batch_runner.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -68,12 +69,16 @@ class FlakyBackend : public CompletionBackend {
 class BatchRunnerTest : public testing::Test {
  protected:
   void SetUp() override {
-    dir_ = testing::TempDir() + "/batch_runner_" +
+    dir_ = testing::TempDir() + "/batch_runner_" + std::to_string(getpid()) + "_" +
            testing::UnitTest::GetInstance()->current_test_info()->name();
     std::filesystem::remove_all(dir_);
     std::filesystem::create_directories(dir_);
     server_ = std::make_unique<GatewayServer>(GatewayOptions{}, &backend_);
     ASSERT_TRUE(server_->Start().ok());
+  }
+
+  void TearDown() override {
+    if (!HasFailure()) std::filesystem::remove_all(dir_);
   }
 
   BatchOptions Options() {
@@ -168,6 +173,22 @@ TEST_F(BatchRunnerTest, RunsEverythingAtLowPriorityAndReusesSharedPrefixes) {
   EXPECT_EQ(again->stats.skipped, 41u);
   EXPECT_EQ(backend_.priorities().size(), 41u);
   EXPECT_EQ(ReadLines(dir_ + "/out.jsonl").size(), 41u);
+}
+
+TEST_F(BatchRunnerTest, OneThreadRunsInPromptOrderOrInInputOrder) {
+  WriteInput({Line("x", "charlie"), Line("y", "alpha"), Line("z", "bravo")});
+  BatchOptions o = Options();
+  o.concurrency = 1;
+  ASSERT_TRUE(RunBatch(o).ok());
+  std::vector<std::string> ids;
+  for (const Json& l : ReadLines(o.output_path)) ids.push_back(l["custom_id"]);
+  EXPECT_EQ(ids, (std::vector<std::string>{"y", "z", "x"}));
+  o.output_path = dir_ + "/input_order.jsonl";
+  o.order = RunOrder::kInput;
+  ASSERT_TRUE(RunBatch(o).ok());
+  ids.clear();
+  for (const Json& l : ReadLines(o.output_path)) ids.push_back(l["custom_id"]);
+  EXPECT_EQ(ids, (std::vector<std::string>{"x", "y", "z"}));
 }
 
 TEST_F(BatchRunnerTest, RetriesA429HonouringRetryAfter) {

@@ -3,6 +3,8 @@
 // streams, timeouts, and a server that is gone.
 #include <gtest/gtest.h>
 
+#include <condition_variable>
+#include <mutex>
 #include <thread>
 
 #include "scheduler/client/openai_client.h"
@@ -134,6 +136,62 @@ TEST_F(OpenAiClientLibTest, StreamsEventsUntilDone) {
   EXPECT_EQ(client.connections_opened(), 1u);
 }
 
+// Sends one token, then finishes only when the test says so (or after 10 s): a client that holds
+// events back until the stream ends would see the first one only after that timeout.
+class GatedBackend : public CompletionBackend {
+ public:
+  ~GatedBackend() override {
+    Release();
+    if (thread_.joinable()) thread_.join();
+  }
+  std::vector<std::string> Models() const override { return {"strata-test"}; }
+  void Generate(const CompletionRequest&, std::shared_ptr<CompletionSink> sink) override {
+    thread_ = std::thread([this, sink] {
+      sink->OnText("first ");
+      std::unique_lock<std::mutex> lock(mu_);
+      released_in_time_ = cv_.wait_for(lock, std::chrono::seconds(10), [&] { return released_; });
+      lock.unlock();
+      CompletionUsage usage;
+      usage.completion_tokens = 1;
+      sink->OnDone(absl::OkStatus(), FinishReason::kStop, usage);
+    });
+  }
+  void Release() {
+    std::lock_guard<std::mutex> lock(mu_);
+    released_ = true;
+    cv_.notify_all();
+  }
+  bool released_in_time() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return released_in_time_;
+  }
+
+ private:
+  std::thread thread_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool released_ = false;
+  bool released_in_time_ = false;
+};
+
+TEST(OpenAiClientStreamTest, EventsArriveWhileTheStreamIsStillOpen) {
+  GatedBackend backend;
+  GatewayServer server(GatewayOptions{}, &backend);
+  ASSERT_TRUE(server.Start().ok());
+  OpenAiEndpoint endpoint;
+  endpoint.port = server.port();
+  OpenAiClient client(endpoint);
+  int events = 0;
+  auto reply = client.PostStream("/v1/chat/completions", Chat("hold", true), [&](const Json&) {
+    if (++events == 1) backend.Release();  // the first token let the stream go on
+    return true;
+  });
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  EXPECT_EQ(reply->status, 200);
+  EXPECT_GE(events, 2);
+  EXPECT_TRUE(backend.released_in_time()) << "the first event was held until the stream ended";
+}
+
 TEST_F(OpenAiClientLibTest, ErrorStatusesAreReplies) {
   GatewayOptions options;
   options.api_keys = {"sk-good"};
@@ -192,10 +250,8 @@ TEST_F(OpenAiClientLibTest, ErrorStatusesAreReplies) {
   EXPECT_TRUE(absl::IsUnauthenticated(StatusFromHttp(*reply)));
 }
 
-TEST_F(OpenAiClientLibTest, ReusesTheConnectionAndReconnectsAfterAnIdleClose) {
-  GatewayOptions options;
-  options.idle_timeout = absl::Milliseconds(200);  // the server drops idle connections
-  StartGateway(options);
+TEST_F(OpenAiClientLibTest, ReusesTheConnection) {
+  StartGateway();  // idle timeout 60 s: the connection stays up between the requests
   OpenAiClient client(Endpoint());
   for (int i = 0; i < 5; ++i) {
     auto reply = client.Post("/v1/completions", Completion("keep alive " + std::to_string(i)));
@@ -203,12 +259,24 @@ TEST_F(OpenAiClientLibTest, ReusesTheConnectionAndReconnectsAfterAnIdleClose) {
     ASSERT_EQ(reply->status, 200);
   }
   EXPECT_EQ(client.connections_opened(), 1u);
+}
+
+TEST_F(OpenAiClientLibTest, ReconnectsAfterTheServerClosedAnIdleConnection) {
+  GatewayOptions options;
+  options.idle_timeout = absl::Milliseconds(200);  // the server drops idle connections
+  StartGateway(options);
+  OpenAiClient client(Endpoint());
+  auto reply = client.Post("/v1/completions", Completion("before the idle close"));
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  ASSERT_EQ(reply->status, 200);
+  EXPECT_EQ(client.connections_opened(), 1u);
   // Wait until the server has closed the idle connection (bounded).
-  for (int i = 0; i < 100 && server_->active_connections() > 0; ++i) {
+  for (int i = 0; i < 200 && server_->active_connections() > 0; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   ASSERT_EQ(server_->active_connections(), 0u);
-  auto reply = client.Post("/v1/completions", Completion("after the idle close"));
+  // The request first goes on the dead connection, then (once) on a new one.
+  reply = client.Post("/v1/completions", Completion("after the idle close"));
   ASSERT_TRUE(reply.ok()) << reply.status();
   EXPECT_EQ(reply->status, 200);
   EXPECT_EQ(client.connections_opened(), 2u);
