@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "absl/container/flat_hash_map.h"
+#include "common/metrics.h"
 #include "common/strings.h"
 
 namespace strata::scheduler {
@@ -276,6 +277,11 @@ class Session : public std::enable_shared_from_this<Session> {
     if (path == "/healthz") {
       if (!get) return SendError(405, "use GET", "method_not_allowed");
       return SendResponse(200, "text/plain; charset=utf-8", "ok\n");
+    }
+    if (path == "/metrics") {  // Prometheus, unauthenticated like every daemon's /metrics
+      if (!get) return SendError(405, "use GET", "method_not_allowed");
+      return SendResponse(200, std::string(kPrometheusContentType),
+                          MetricsRegistry::Default().RenderPrometheus());
     }
     const bool known =
         path == "/v1/models" || path == "/v1/chat/completions" || path == "/v1/completions";

@@ -4,6 +4,7 @@
 
 #include "common/block_key.h"
 #include "common/grpc_status.h"
+#include "common/metrics.h"
 #include "common/status.h"
 #include "common/strings.h"
 #include "compute_nodes/tokenizer/chat_template.h"
@@ -17,6 +18,7 @@ struct WorkerBackend::Call {
   std::mutex mu;
   grpc::ClientContext* context = nullptr;  // guarded by mu
   bool cancelled = false;                  // guarded by mu
+  absl::Time start = absl::Now();
   // What reached the client so far, over every attempt (the request's own thread only).
   std::vector<uint32_t> streamed_tokens;
   std::string streamed_text;
@@ -59,6 +61,45 @@ struct WorkerBackend::Attempt {
 };
 
 namespace {
+
+// The scheduler's view of requests, on the gateway's /metrics.
+struct BackendMetrics {
+  Counter& requests;
+  Counter& rejected;
+  Counter& retried;
+  Counter& resumed;
+  Histogram& decision;
+  Histogram& ttft;
+};
+
+BackendMetrics& Metrics() {
+  static BackendMetrics* m = [] {
+    MetricsRegistry& r = MetricsRegistry::Default();
+    auto& retries =
+        r.AddCounter("strata_scheduler_retries_total",
+                     "Requests retried on another worker, by when the failure came", {"when"});
+    return new BackendMetrics{
+        .requests = r.AddCounter("strata_scheduler_requests_total",
+                                 "Completion requests that reached the workers' backend", {})
+                        .Labels({}),
+        .rejected =
+            r.AddCounter("strata_scheduler_rejected_total",
+                         "Requests refused early: their TTFT/TBT objectives could not be met", {})
+                .Labels({}),
+        .retried = retries.Labels({"before_text"}),
+        .resumed = retries.Labels({"mid_stream"}),
+        .decision =
+            r.AddHistogram("strata_scheduler_decision_seconds", "Time to decide a placement", {},
+                           ExponentialBuckets(1e-6, 2, 20))
+                .Labels({}),
+        .ttft = r.AddHistogram("strata_scheduler_ttft_seconds",
+                               "From the request's arrival at the backend to its first text", {},
+                               ExponentialBuckets(1e-3, 2, 18))
+                    .Labels({}),
+    };
+  }();
+  return *m;
+}
 
 absl::StatusOr<std::vector<uint32_t>> Tokenize(const tokenizer::Tokenizer& tok,
                                                const CompletionRequest& request) {
@@ -167,6 +208,7 @@ void WorkerBackend::Generate(const CompletionRequest& request,
     calls_.insert(call.get());
   }
   requests_.fetch_add(1);
+  Metrics().requests.Increment();
   std::thread([this, request, call = std::move(call)]() mutable {
     Run(request, *call);
     std::lock_guard<std::mutex> lock(mu_);
@@ -222,12 +264,15 @@ void WorkerBackend::Run(const CompletionRequest& request, Call& call) {
       sink.OnDone(absl::CancelledError("request cancelled"), FinishReason::kStop, {});
       return;
     }
+    const absl::Time decide_start = absl::Now();
     absl::StatusOr<Placement> placement = scheduler_->Decide(preq);
+    Metrics().decision.Observe(absl::ToDoubleSeconds(absl::Now() - decide_start));
     if (!placement.ok()) {
       sink.OnDone(placement.status(), FinishReason::kStop, {});
       return;
     }
     if (placement->rejected) {
+      Metrics().rejected.Increment();
       sink.OnDone(WithRetryAfter(absl::ResourceExhaustedError(placement->reject_reason),
                                  placement->retry_after_s),
                   FinishReason::kStop, {});
@@ -300,6 +345,7 @@ void WorkerBackend::Run(const CompletionRequest& request, Call& call) {
       return;
     }
     retries_.fetch_add(1);
+    (streamed ? Metrics().resumed : Metrics().retried).Increment();
     if (streamed) {
       resumed_.fetch_add(1);
       if (p.sampling.max_tokens() == 0) {  // everything was streamed but the finish
@@ -318,8 +364,9 @@ namespace {
 // Reads a TokenChunk stream into the sink, appending what was streamed to `tokens` and `text`.
 // Returns the final status of the stream.
 absl::Status ReadTokens(grpc::ClientReader<v1::TokenChunk>& reader, CompletionSink& sink,
-                        std::vector<uint32_t>& tokens, std::string& text, FinishReason& finish,
-                        v1::TokenChunk::Usage& usage, const std::function<void()>& on_first_chunk) {
+                        std::vector<uint32_t>& tokens, std::string& text, absl::Time start,
+                        FinishReason& finish, v1::TokenChunk::Usage& usage,
+                        const std::function<void()>& on_first_chunk) {
   v1::TokenChunk chunk;
   bool first = true;
   v1::FinishReason reason = v1::FINISH_UNSPECIFIED;
@@ -330,6 +377,7 @@ absl::Status ReadTokens(grpc::ClientReader<v1::TokenChunk>& reader, CompletionSi
     }
     tokens.insert(tokens.end(), chunk.tokens().begin(), chunk.tokens().end());
     if (!chunk.text().empty()) {
+      if (text.empty()) Metrics().ttft.Observe(absl::ToDoubleSeconds(absl::Now() - start));
       sink.OnText(chunk.text());
       text += chunk.text();
     }
@@ -402,7 +450,7 @@ WorkerBackend::Attempt WorkerBackend::RunGenerate(const CompletionRequest& reque
     auto stub = v1::Worker::NewStub(channels_->Get(node.grpc_address));
     auto reader = stub->Generate(&ctx, req);
     out.status = ReadTokens(*reader, *call.sink, call.streamed_tokens, call.streamed_text,
-                            out.finish, usage, report_prefill);
+                            call.start, out.finish, usage, report_prefill);
     call.Detach();
   }
   report_prefill();
@@ -487,7 +535,7 @@ WorkerBackend::Attempt WorkerBackend::RunDisaggregated(const CompletionRequest& 
     auto stub = v1::Worker::NewStub(channels_->Get(decode.grpc_address));
     auto reader = stub->Decode(&ctx, dreq);
     out.status = ReadTokens(*reader, *call.sink, call.streamed_tokens, call.streamed_text,
-                            out.finish, usage, [] {});
+                            call.start, out.finish, usage, [] {});
     call.Detach();
   }
   finish_decode();

@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include "common/metrics.h"
 #include "nlohmann/json.hpp"
 #include "scheduler/http/gateway_server.h"
 #include "tests/scheduler/http_test_client.h"
@@ -165,6 +166,16 @@ TEST_F(GatewayTest, ApiKeysAreEnforced) {
   EXPECT_EQ(c.Send("POST", "/v1/chat/completions", ChatBody("hi"), "sk-good").status, 200);
   EXPECT_EQ(c.Send("GET", "/v1/models", "", "sk-other").status, 200);
   EXPECT_EQ(c.Send("GET", "/healthz").status, 200);  // health needs no key
+  // Prometheus scrapes without a key too.
+  strata::MetricsRegistry::Default()
+      .AddCounter("strata_gateway_test_total", "A counter only this test registers")
+      .Labels({})
+      .Increment(3);
+  const Reply metrics = c.Send("GET", "/metrics");
+  EXPECT_EQ(metrics.status, 200);
+  EXPECT_EQ(metrics.content_type.rfind("text/plain", 0), 0u) << metrics.content_type;
+  EXPECT_NE(metrics.body.find("strata_gateway_test_total 3"), std::string::npos) << metrics.body;
+  EXPECT_EQ(c.Send("POST", "/metrics").status, 405);
 }
 
 TEST_F(GatewayTest, RejectionIs429WithRetryAfter) {

@@ -12,6 +12,7 @@
 #include <mutex>
 #include <thread>
 
+#include "common/metrics.h"
 #include "common/paths.h"
 #include "strata/v1/worker.grpc.pb.h"
 
@@ -368,6 +369,10 @@ TEST_F(WorkerBackendTest, AStreamThatDiesResumesElsewhereWithWhatWasStreamed) {
   EXPECT_EQ(sink->text(), "Hello world!?");  // one answer, nothing repeated
   EXPECT_EQ(backend_->retries(), 1u);
   EXPECT_EQ(backend_->resumed(), 1u);
+  const std::string metrics = MetricsRegistry::Default().RenderPrometheus();
+  EXPECT_NE(metrics.find("strata_scheduler_retries_total{when=\"mid_stream\"} "), std::string::npos)
+      << metrics;
+  EXPECT_NE(metrics.find("strata_scheduler_ttft_seconds_count "), std::string::npos) << metrics;
   std::lock_guard<std::mutex> la(a.mu);
   std::lock_guard<std::mutex> lb(b.mu);
   ASSERT_EQ(b.generate_calls, 1);
