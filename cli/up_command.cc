@@ -74,9 +74,7 @@ absl::Status WaitForWorkers(const LocalCluster& cluster, const std::string& toke
              missing.empty() ? "all; the scheduler did not answer" : missing, ")"));
 }
 
-constexpr char kWorkerHttp[] = "worker.http_listen=";
-
-void PrintEndpoints(const LocalCluster& cluster, const StrataConfig& config) {
+void PrintEndpoints(const LocalCluster& cluster) {
   const std::string rel = fs::proximate(cluster.config_file).string();
   std::cout << "\nStrata is up.\n"
             << "  OpenAI API   " << cluster.gateway_url << "/v1   (model \"" << cluster.model_id
@@ -89,14 +87,9 @@ void PrintEndpoints(const LocalCluster& cluster, const StrataConfig& config) {
             << "   strata admin scheduler --config " << rel << " nodes\n"
             << "  cache        " << cluster.cache_address << "   strata admin cache --config "
             << rel << " stats\n"
-            << "  metrics      http://" << config.cache.http_listen << "/metrics (cache)";
-  for (const ProcessSpec& d : cluster.daemons) {
-    for (size_t i = 0; i + 1 < d.argv.size(); ++i) {
-      if (d.argv[i + 1].starts_with(kWorkerHttp)) {
-        std::cout << ", http://" << d.argv[i + 1].substr(sizeof(kWorkerHttp) - 1) << "/metrics ("
-                  << d.name << ")";
-      }
-    }
+            << "  metrics     ";
+  for (const auto& [name, address] : cluster.metrics) {
+    std::cout << " http://" << address << "/metrics (" << name << ")";
   }
   std::cout << "\n  logs         " << fs::proximate(cluster.run_dir + "/logs").string() << "/\n"
             << "Ctrl-C stops the cluster." << std::endl;
@@ -165,7 +158,7 @@ int RunUp(const UpArgs& args) {
       !st.ok()) {
     return fail(st);
   }
-  PrintEndpoints(cluster, config);
+  PrintEndpoints(cluster);
   if (!args.ready_file.empty()) {
     const std::string tmp = args.ready_file + ".tmp";
     std::ofstream(tmp) << "url=" << cluster.gateway_url << " config=" << cluster.config_file

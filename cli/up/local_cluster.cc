@@ -188,14 +188,17 @@ absl::StatusOr<LocalCluster> PlanLocalCluster(StrataConfig& config, const Config
   };
   daemon("cache", "cache", {});
   daemon("scheduler", "scheduler", {});
+  cluster.metrics.emplace_back("cache", config.cache.http_listen);
+  cluster.metrics.emplace_back("scheduler", config.scheduler.http_listen);
   auto add_workers = [&](const std::string& role, int64_t count) {
     for (int64_t i = 0; i < count; ++i) {
       const std::string name = StrCat(role == "both" ? "worker" : role, "-", i);
+      const std::string http = Loopback(port());
       daemon(name, "worker",
              {StrCat("worker.role=", role), StrCat("worker.node_id=", name),
-              StrCat("worker.listen=", Loopback(port())),
-              StrCat("worker.http_listen=", Loopback(port()))});
+              StrCat("worker.listen=", Loopback(port())), StrCat("worker.http_listen=", http)});
       cluster.worker_names.push_back(name);
+      cluster.metrics.emplace_back(name, http);
     }
   };
   add_workers("prefill", up.prefill_workers);

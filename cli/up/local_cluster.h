@@ -30,6 +30,8 @@ struct LocalCluster {
   std::string cache_address;
   std::vector<ProcessSpec> daemons;       // in start order: cache, scheduler, workers
   std::vector<std::string> worker_names;  // also their node ids
+  // Where each daemon with an HTTP listener serves /metrics: {name, host:port}.
+  std::vector<std::pair<std::string, std::string>> metrics;
 };
 
 // The model directory `up.model` names: a directory holding config.json is used as it is; a

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <string>
 
+#include "kernels/common/sm80_ptx.cuh"
 #include "kernels/activation/silu_mul.h"
 
 namespace strata::kernels {
@@ -9,10 +10,7 @@ namespace {
 
 constexpr int kThreads = 256;
 
-union Vec8 {
-  uint4 u;
-  __nv_bfloat16 h[8];
-};
+using Vec8 = Bf16x8;
 
 __global__ void __launch_bounds__(kThreads) SiluMulKernel(SiluMulParams p) {
   const int64_t chunks_per_row = p.dim / 8;

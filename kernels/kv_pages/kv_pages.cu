@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <string>
 
+#include "kernels/common/sm80_ptx.cuh"
 #include "kernels/kv_pages/kv_pages.h"
 
 namespace strata::kernels {
@@ -14,10 +15,7 @@ namespace {
 
 constexpr int kThreads = 256;
 
-union Vec8 {
-  uint4 u;
-  __nv_bfloat16 h[8];
-};
+using Vec8 = Bf16x8;
 
 struct Geometry {
   int64_t pool_offset;  // element offset of (page, layer) in the pool

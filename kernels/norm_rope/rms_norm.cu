@@ -1,6 +1,7 @@
 // RMSNorm (+ residual add): one block per row, 16-byte vectors, fp32 sum of squares.
 #include <string>
 
+#include "kernels/common/sm80_ptx.cuh"
 #include "kernels/norm_rope/rms_norm.h"
 
 namespace strata::kernels {
@@ -8,10 +9,7 @@ namespace {
 
 constexpr int kThreads = 256;
 
-union Vec8 {
-  uint4 u;
-  __nv_bfloat16 h[8];
-};
+using Vec8 = Bf16x8;
 
 __device__ __forceinline__ float BlockSum(float v, float* scratch) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -42,6 +42,8 @@ struct WorkerBackend::Call {
     std::lock_guard<std::mutex> lock(mu);
     return cancelled;
   }
+  // Passes a chunk's text to the client and records what was streamed (and the TTFT).
+  void Deliver(const v1::TokenChunk& chunk);
 };
 
 struct WorkerBackend::Prepared {
@@ -162,6 +164,14 @@ size_t ResumePoint(const tokenizer::Tokenizer& tok, const std::vector<uint32_t>&
 }
 
 }  // namespace
+
+void WorkerBackend::Call::Deliver(const v1::TokenChunk& chunk) {
+  streamed_tokens.insert(streamed_tokens.end(), chunk.tokens().begin(), chunk.tokens().end());
+  if (chunk.text().empty()) return;
+  if (streamed_text.empty()) Metrics().ttft.Observe(absl::ToDoubleSeconds(absl::Now() - start));
+  sink->OnText(chunk.text());
+  streamed_text += chunk.text();
+}
 
 WorkerBackend::WorkerBackend(Scheduler* scheduler, NodeDirectory* directory, ChannelPool* channels,
                              WorkerBackendOptions options)
@@ -361,10 +371,10 @@ void WorkerBackend::Run(const CompletionRequest& request, Call& call) {
 
 namespace {
 
-// Reads a TokenChunk stream into the sink, appending what was streamed to `tokens` and `text`.
-// Returns the final status of the stream.
-absl::Status ReadTokens(grpc::ClientReader<v1::TokenChunk>& reader, CompletionSink& sink,
-                        std::vector<uint32_t>& tokens, std::string& text, absl::Time start,
+// Reads a TokenChunk stream, handing each chunk to `deliver`. Returns the final status of the
+// stream.
+absl::Status ReadTokens(grpc::ClientReader<v1::TokenChunk>& reader,
+                        const std::function<void(const v1::TokenChunk&)>& deliver,
                         FinishReason& finish, v1::TokenChunk::Usage& usage,
                         const std::function<void()>& on_first_chunk) {
   v1::TokenChunk chunk;
@@ -375,12 +385,7 @@ absl::Status ReadTokens(grpc::ClientReader<v1::TokenChunk>& reader, CompletionSi
       first = false;
       on_first_chunk();
     }
-    tokens.insert(tokens.end(), chunk.tokens().begin(), chunk.tokens().end());
-    if (!chunk.text().empty()) {
-      if (text.empty()) Metrics().ttft.Observe(absl::ToDoubleSeconds(absl::Now() - start));
-      sink.OnText(chunk.text());
-      text += chunk.text();
-    }
+    deliver(chunk);
     if (chunk.finish_reason() != v1::FINISH_UNSPECIFIED) {
       reason = chunk.finish_reason();
       usage = chunk.usage();
@@ -449,8 +454,9 @@ WorkerBackend::Attempt WorkerBackend::RunGenerate(const CompletionRequest& reque
   } else {
     auto stub = v1::Worker::NewStub(channels_->Get(node.grpc_address));
     auto reader = stub->Generate(&ctx, req);
-    out.status = ReadTokens(*reader, *call.sink, call.streamed_tokens, call.streamed_text,
-                            call.start, out.finish, usage, report_prefill);
+    out.status = ReadTokens(
+        *reader, [&](const v1::TokenChunk& c) { call.Deliver(c); }, out.finish, usage,
+        report_prefill);
     call.Detach();
   }
   report_prefill();
@@ -534,8 +540,8 @@ WorkerBackend::Attempt WorkerBackend::RunDisaggregated(const CompletionRequest& 
   } else {
     auto stub = v1::Worker::NewStub(channels_->Get(decode.grpc_address));
     auto reader = stub->Decode(&ctx, dreq);
-    out.status = ReadTokens(*reader, *call.sink, call.streamed_tokens, call.streamed_text,
-                            call.start, out.finish, usage, [] {});
+    out.status = ReadTokens(
+        *reader, [&](const v1::TokenChunk& c) { call.Deliver(c); }, out.finish, usage, [] {});
     call.Detach();
   }
   finish_decode();

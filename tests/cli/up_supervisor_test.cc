@@ -159,6 +159,12 @@ TEST_F(LocalClusterTest, PlansEveryDaemonOnDistinctPortsWithOneConfigFile) {
     }
   }
   EXPECT_EQ(addresses.size(), 5u + 2 * 3);
+  // /metrics of the cache, the scheduler and each worker, on addresses of the plan.
+  ASSERT_EQ(plan->metrics.size(), 2u + 3);
+  EXPECT_EQ(plan->metrics[0],
+            (std::pair<std::string, std::string>{"cache", config_.cache.http_listen}));
+  EXPECT_EQ(plan->metrics[4].first, "decode-1");
+  EXPECT_TRUE(addresses.contains(plan->metrics[4].second));
   // The file every daemon reads loads back to the same addresses and paths.
   StrataConfig back;
   ConfigSchema schema;
