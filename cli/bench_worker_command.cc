@@ -34,6 +34,14 @@ void RegisterBenchWorkerCommand(CLI::App& app) {
   cmd->add_option("--token-budget", f->o.token_budget,
                   "Tokens per engine step (worker.token_budget)")
       ->capture_default_str();
+  cmd->add_option(
+         "--preset", f->o.preset,
+         "Shape of the bench model when it is written (tiny, small-v3, v2-lite-shape, ...)")
+      ->capture_default_str();
+  cmd->add_option("--layers", f->o.layers,
+                  "Keep only this many of the preset's layers (0: all); v2-lite-shape --layers 2 "
+                  "is one dense and one MoE layer of DeepSeek-V2-Lite")
+      ->capture_default_str();
   cmd->add_option("--model", f->o.model_dir,
                   "Checkpoint to use; a directory without one receives the bench model "
                   "(default: a temp dir)");

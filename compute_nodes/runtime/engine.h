@@ -30,6 +30,11 @@ struct SequenceInput {
   const PageTable* pages = nullptr;  // must cover start_pos + tokens.size() tokens
   bool all_logits = false;           // logits of every new token, else only of the last
   AttentionForm form = AttentionForm::kAuto;
+  // Nonzero: names the sequence across calls, so an engine may keep state derived from its pages
+  // between the chunks of a prefill (the CPU engine keeps the decompressed context). The caller
+  // calls Engine::ForgetSequence when the pages' earlier positions change (swap-out) or the
+  // sequence ends, and never reuses an id.
+  uint64_t sequence_id = 0;
 };
 
 struct SequenceOutput {
@@ -45,6 +50,8 @@ class Engine {
   // InvalidArgument on a token out of range, missing pages or positions past the model's limit.
   virtual absl::Status Forward(std::span<const SequenceInput> batch,
                                std::vector<SequenceOutput>* outputs) = 0;
+  // Drops whatever the engine kept for SequenceInput::sequence_id `id` (nothing by default).
+  virtual void ForgetSequence(uint64_t id) { (void)id; }
 };
 
 }  // namespace strata::runtime

@@ -60,6 +60,9 @@ struct WorkerCore::Sequence {
     return generated() == 0 ? prompt_len : static_cast<int64_t>(tokens.size()) - 1;
   }
   bool decoding() const { return generated() > 0 && kv_len >= prefill_target(); }
+  // The name for the engine (runtime::SequenceInput::sequence_id): serials are never reused, and
+  // 0 means "none" to the engine.
+  uint64_t engine_id() const { return serial + 1; }
 };
 
 }  // namespace strata::worker

@@ -78,6 +78,7 @@ void WorkerCore::Stop() {
   }
   running_.clear();
   for (const SeqPtr& seq : left) {
+    engine_.ForgetSequence(seq->engine_id());
     runtime::ReleasePages(engine_.kv_pool(), seq->pages);
     seq->state = Sequence::State::kDone;
     {
@@ -281,6 +282,7 @@ void WorkerCore::End(const SeqPtr& seq, Finish finish, absl::Status status) {
     // The full blocks of prompt + output, so the next turn of a chat hits.
     SaveBlocks(seq, seq->kv_len / block_tokens_);
   }
+  engine_.ForgetSequence(seq->engine_id());
   runtime::ReleasePages(engine_.kv_pool(), seq->pages);
   seq->state = Sequence::State::kDone;
   {
@@ -451,7 +453,7 @@ bool WorkerCore::Step() {
   for (size_t i = 0; i < prefill.size(); ++i) {
     const SeqPtr& s = prefill[i];
     inputs.push_back({std::span<const int32_t>(s->tokens).subspan(s->kv_len, chunk[i]), s->kv_len,
-                      &s->pages, false, runtime::AttentionForm::kMha});
+                      &s->pages, false, runtime::AttentionForm::kMha, s->engine_id()});
   }
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<runtime::SequenceOutput> outputs;

@@ -192,6 +192,7 @@ bool WorkerCore::SwapOutVictim(const SeqPtr& needing) {
   // The KV of the full blocks goes to the cache; the partial tail is recomputed on the way back.
   const bool to_cache = caches_.Get("") != nullptr;
   SaveBlocks(victim, victim->kv_len / block_tokens_);
+  engine_.ForgetSequence(victim->engine_id());
   runtime::ReleasePages(engine_.kv_pool(), victim->pages);
   victim->kv_len = 0;
   victim->saved_blocks = 0;

@@ -43,14 +43,21 @@ std::vector<int32_t> Ids(int n, int salt) {
   return ids;
 }
 
+// Logits of every token of `ids`, fed in chunks from position `from` (the pages already hold
+// the positions before it).
 std::vector<float> RunAll(cpu::CpuEngine& e, const std::vector<int32_t>& ids, PageTable* pages,
-                          int64_t chunk, AttentionForm form) {
+                          int64_t chunk, AttentionForm form, uint64_t sequence_id = 0,
+                          size_t from = 0) {
   std::vector<float> all;
   EXPECT_TRUE(runtime::EnsureCapacity(e.kv_pool(), *pages, ids.size()).ok());
-  for (size_t pos = 0; pos < ids.size(); pos += chunk) {
+  for (size_t pos = from; pos < ids.size(); pos += chunk) {
     const size_t n = std::min<size_t>(chunk, ids.size() - pos);
-    SequenceInput in{std::span<const int32_t>(ids).subspan(pos, n), static_cast<int64_t>(pos),
-                     pages, true, form};
+    SequenceInput in{std::span<const int32_t>(ids).subspan(pos, n),
+                     static_cast<int64_t>(pos),
+                     pages,
+                     true,
+                     form,
+                     sequence_id};
     std::vector<SequenceOutput> out;
     EXPECT_TRUE(e.Forward({&in, 1}, &out).ok());
     all.insert(all.end(), out[0].logits.begin(), out[0].logits.end());
@@ -78,6 +85,85 @@ TEST_P(EngineFormsTest, ChunkingAndAbsorptionAreExact) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Presets, EngineFormsTest, testing::Values("tiny", "small-v2"));
+
+// A sequence that names itself keeps its decompressed context between prefill chunks: the logits
+// equal those of decompressing everything per chunk, and forgetting it frees the memory.
+TEST(CpuEngineTest, KeptContextEqualsFreshDecompression) {
+  auto w = Tiny("small-v3");
+  const std::vector<int32_t> ids = Ids(150, 4);
+  cpu::CpuEngine e(w, 16);
+  PageTable p0, p1, p2;
+  const auto ref = RunAll(e, ids, &p0, 150, AttentionForm::kMha);
+  EXPECT_EQ(e.context_cache_bytes_used(), 0);
+  for (int64_t chunk : {5, 33, 64}) {
+    PageTable p;
+    const uint64_t id = 100 + chunk;
+    const auto got = RunAll(e, ids, &p, chunk, AttentionForm::kMha, id);
+    EXPECT_LT(RelError(got.data(), ref.data(), ref.size()), 1e-5) << chunk;
+    EXPECT_GT(e.context_cache_bytes_used(), 0) << chunk;
+    e.ForgetSequence(id);
+    EXPECT_EQ(e.context_cache_bytes_used(), 0) << chunk;
+    EXPECT_GT(e.context_cache_bytes_reserved(), 0) << chunk;  // spare buffers for the next one
+    runtime::ReleasePages(e.kv_pool(), p);
+  }
+  // A decode step of the sequence drops what its prefill kept.
+  ASSERT_TRUE(runtime::EnsureCapacity(e.kv_pool(), p1, ids.size() + 1).ok());
+  RunAll(e, ids, &p1, 64, AttentionForm::kMha, 7);
+  EXPECT_GT(e.context_cache_bytes_used(), 0);
+  const int32_t next = 17;
+  SequenceInput step{{&next, 1}, 150, &p1, false, AttentionForm::kAuto, 7};
+  std::vector<SequenceOutput> out;
+  ASSERT_TRUE(e.Forward({&step, 1}, &out).ok());
+  EXPECT_EQ(e.context_cache_bytes_used(), 0);
+}
+
+// Kept context is only trusted under the same pages: the same id continued over other pages
+// holding another prefix must use that prefix (a stale context would give the first one's logits).
+TEST(CpuEngineTest, KeptContextIsNotReusedAcrossOtherPages) {
+  auto w = Tiny();
+  const std::vector<int32_t> a = Ids(100, 6), b = Ids(100, 8);
+  cpu::CpuEngine e(w, 16);
+  PageTable pa, pb, pr;
+  RunAll(e, std::vector<int32_t>(a.begin(), a.begin() + 70), &pa, 70, AttentionForm::kMha, 3);
+  RunAll(e, std::vector<int32_t>(b.begin(), b.begin() + 70), &pb, 70, AttentionForm::kMha);
+  const auto got = RunAll(e, b, &pb, 30, AttentionForm::kMha, 3, 70);
+  const auto ref = RunAll(e, b, &pr, 100, AttentionForm::kMha);
+  const size_t vocab = w->config.vocab_size;
+  ASSERT_EQ(got.size(), 30 * vocab);
+  EXPECT_LT(RelError(got.data(), ref.data() + 70 * vocab, got.size()), 1e-5);
+}
+
+// The budget bounds what is kept between calls; over it, contexts are recomputed, not wrong.
+TEST(CpuEngineTest, KeptContextsStayWithinTheBudget) {
+  auto w = Tiny();
+  const std::vector<int32_t> ids = Ids(130, 9);
+  cpu::CpuEngine unlimited(w, 8);
+  PageTable pu;
+  RunAll(unlimited, ids, &pu, 40, AttentionForm::kMha, 1);
+  const int64_t one = unlimited.context_cache_bytes_used();
+  ASSERT_GT(one, 0);
+
+  cpu::CpuEngine e(w, 16, 64, runtime::KvPrecision::kF32, one + one / 2);
+  PageTable p0, p1, p2, p3;
+  const auto ref = RunAll(e, ids, &p0, 130, AttentionForm::kMha);
+  const auto first = RunAll(e, ids, &p1, 40, AttentionForm::kMha, 1);
+  EXPECT_EQ(e.context_cache_bytes_used(), one);
+  const auto second = RunAll(e, ids, &p2, 40, AttentionForm::kMha, 2);
+  EXPECT_LE(e.context_cache_bytes_used(), one + one / 2);  // the older one was evicted
+  EXPECT_LE(e.context_cache_bytes_reserved(), one + one / 2);
+  e.ForgetSequence(2);
+  const auto third = RunAll(e, ids, &p3, 40, AttentionForm::kMha, 3);  // on the spare buffers
+  EXPECT_LT(RelError(third.data(), ref.data(), ref.size()), 1e-5);
+  EXPECT_LE(e.context_cache_bytes_reserved(), one + one / 2);
+  EXPECT_LT(RelError(first.data(), ref.data(), ref.size()), 1e-5);
+  EXPECT_LT(RelError(second.data(), ref.data(), ref.size()), 1e-5);
+
+  cpu::CpuEngine none(w, 8, 64, runtime::KvPrecision::kF32, 0);
+  PageTable pn;
+  const auto got = RunAll(none, ids, &pn, 40, AttentionForm::kMha, 5);
+  EXPECT_EQ(none.context_cache_bytes_used(), 0);
+  EXPECT_LT(RelError(got.data(), ref.data(), ref.size()), 1e-5);
+}
 
 TEST(CpuEngineTest, BatchedDecodeEqualsOneAtATime) {
   auto w = Tiny();

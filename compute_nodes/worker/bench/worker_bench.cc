@@ -8,6 +8,8 @@
 #include <condition_variable>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -164,12 +166,15 @@ absl::Status Validate(const WorkerBenchOptions& o) {
   if (o.decode_tokens < 2) return absl::InvalidArgumentError("--decode-tokens must be >= 2");
   if (o.decode_prompt_tokens < 1) return absl::InvalidArgumentError("decode prompt is empty");
   if (o.token_budget < 1) return absl::InvalidArgumentError("--token-budget must be >= 1");
+  if (o.layers < 0) return absl::InvalidArgumentError("--layers must be >= 0");
   return absl::OkStatus();
 }
 
-// Loads the checkpoint in `dir`, or writes the bench model there first (the `tiny` preset with a
-// context long enough for the prompt) when `dir` holds none.
+// Loads the checkpoint in `dir`, or writes the bench model there first (the preset with a context
+// long enough for the prompt, cut to `layers` layers when > 0) when `dir` holds none.
 absl::StatusOr<std::shared_ptr<const model::ModelWeights>> BenchModel(const std::string& dir,
+                                                                      const std::string& preset,
+                                                                      int64_t layers,
                                                                       int64_t context,
                                                                       json* facts) {
   const bool existing = std::filesystem::exists(std::filesystem::path(dir) / "config.json");
@@ -177,16 +182,22 @@ absl::StatusOr<std::shared_ptr<const model::ModelWeights>> BenchModel(const std:
   const std::string marker =
       (std::filesystem::path(dir) / "strata-bench-worker-model.txt").string();
   if (!existing) {
-    ASSIGN_OR_RETURN(model::ModelConfig config, model::PresetConfig("tiny"));
+    ASSIGN_OR_RETURN(model::ModelConfig config, model::PresetConfig(preset));
     const int64_t preset_context = config.max_position_embeddings;
-    config.max_position_embeddings = context;
+    config.max_position_embeddings = std::max(preset_context, context);
+    std::string cut;
+    if (layers > 0 && layers < config.num_hidden_layers) {
+      cut = StrCat(", ", layers, " of its ", config.num_hidden_layers, " layers");
+      config.num_hidden_layers = layers;
+      config.first_k_dense_replace = std::min(config.first_k_dense_replace, layers);
+    }
     model::MakeRandomOptions o;
     o.seed = 7;
     RETURN_IF_ERROR_WITH(model::MakeRandomCheckpoint(config, o, dir),
                          StrCat("writing the bench model into ", dir));
-    std::ofstream(marker) << "the `tiny` preset (random weights, seed 7) with "
-                             "max_position_embeddings raised from "
-                          << preset_context << " to " << context << " so the prompt fits\n";
+    std::ofstream(marker) << "the `" << preset << "` preset (random weights, seed 7" << cut
+                          << ", max_position_embeddings " << config.max_position_embeddings
+                          << ", preset " << preset_context << ")\n";
   }
   std::string note = "a checkpoint given with --model";
   if (std::ifstream in(marker); in) std::getline(in, note);
@@ -197,6 +208,9 @@ absl::StatusOr<std::shared_ptr<const model::ModelWeights>> BenchModel(const std:
   (*facts)["layers"] = c.num_hidden_layers;
   (*facts)["hidden_size"] = c.hidden_size;
   (*facts)["attention_heads"] = c.num_attention_heads;
+  (*facts)["moe_layers"] = c.num_hidden_layers - c.first_k_dense_replace;
+  (*facts)["routed_experts"] = c.n_routed_experts;
+  (*facts)["experts_per_token"] = c.num_experts_per_tok;
   (*facts)["kv_lora_rank"] = c.kv_lora_rank;
   (*facts)["qk_rope_head_dim"] = c.qk_rope_head_dim;
   (*facts)["vocab_size"] = c.vocab_size;
@@ -234,7 +248,7 @@ absl::StatusOr<json> RunWorkerBench(const WorkerBenchOptions& options) {
   const int64_t context = std::max<int64_t>(kMinContext, 2 * (o.prompt_tokens + o.decode_tokens));
   json model_facts;
   ASSIGN_OR_RETURN(auto weights, BenchModel(o.model_dir.empty() ? work + "/model" : o.model_dir,
-                                            context, &model_facts));
+                                            o.preset, o.layers, context, &model_facts));
   result["model"] = model_facts;
   const model::ModelConfig& config = weights->config;
   if (o.prompt_tokens + 2 > config.max_position_embeddings) {
@@ -313,11 +327,21 @@ absl::StatusOr<json> RunWorkerBench(const WorkerBenchOptions& options) {
   const int64_t shared =
       static_cast<int64_t>(static_cast<double>(o.prompt_tokens) * o.cached_fraction);
   std::vector<double> cold_ms, cached_ms, tail_ms, fetch_ms, cold_cpu_ms, cached_cpu_ms;
+  // Where the engine's time went in each run (medians over repeats, per part).
+  std::map<std::string, std::vector<double>> engine_s;
+  auto engine_part = [&](const std::string& run, const cpu::CpuEngine::Times& before) {
+    const cpu::CpuEngine::Times after = engine.times();
+    engine_s[run + ".forward"].push_back(after.forward_s - before.forward_s);
+    engine_s[run + ".decompress"].push_back(after.decompress_s - before.decompress_s);
+    engine_s[run + ".attention"].push_back(after.attention_s - before.attention_s);
+  };
   int64_t cached_tokens = -1, computed_tokens = -1;
   for (int r = 0; r < o.repeats; ++r) {
     // Cold: a fresh prompt, nothing of it cached. Its blocks are saved (on_done waits for that).
     const std::vector<int32_t> cold_prompt = RandomTokens(o.prompt_tokens, 1000 + r);
+    cpu::CpuEngine::Times before = engine.times();
     ASSIGN_OR_RETURN(Tracked cold_run, one(cold_prompt, 1, true));
+    engine_part("cold", before);
     const RequestOutcome& cold = cold_run.outcome;
     if (cold.cached.total != 0) {
       return absl::InternalError(
@@ -330,7 +354,9 @@ absl::StatusOr<json> RunWorkerBench(const WorkerBenchOptions& options) {
     std::vector<int32_t> cached_prompt(cold_prompt.begin(), cold_prompt.begin() + shared);
     const std::vector<int32_t> tail = RandomTokens(o.prompt_tokens - shared, 2000 + r);
     cached_prompt.insert(cached_prompt.end(), tail.begin(), tail.end());
+    before = engine.times();
     ASSIGN_OR_RETURN(Tracked cached_run, one(cached_prompt, 1, true));
+    engine_part("cached", before);
     const RequestOutcome& cached = cached_run.outcome;
     cached_ms.push_back(cached.ttft_ms);
     cached_cpu_ms.push_back(cpu_ttft(cached_run));
@@ -363,6 +389,12 @@ absl::StatusOr<json> RunWorkerBench(const WorkerBenchOptions& options) {
                        {"cached_samples", cached_ms},
                        {"computed_part_without_context", Median(tail_ms)},
                        {"fetch_cached_prefix", Median(fetch_ms)}};
+  json engine_json = json::object();
+  for (const auto& [part, samples] : engine_s) {
+    const size_t dot = part.find('.');
+    engine_json[part.substr(0, dot)][part.substr(dot + 1)] = Median(samples);
+  }
+  result["engine_s"] = engine_json;
   result["prefill_tokens_per_s"] = cold > 0 ? o.prompt_tokens / (cold / 1000) : 0.0;
   result["cached_tokens"] = cached_tokens;
   result["computed_tokens"] = computed_tokens;

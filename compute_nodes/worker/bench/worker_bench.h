@@ -10,8 +10,9 @@
 //     delivered between the moment every request has its first token and the moment the last
 //     token arrives, divided by that window (prefill excluded).
 //
-// The model is the `tiny` preset with a longer context (max_position_embeddings raised so the
-// long prompt fits), written once into `model_dir` (or a temp dir) with fixed seed.
+// The model is a preset (by default `v2-lite-shape` cut to 2 layers: the layer shapes of
+// DeepSeek-V2-Lite; `tiny` for quick runs) with a longer context (max_position_embeddings raised so the long prompt
+// fits) and optionally fewer layers, written once into `model_dir` (or a temp dir), fixed seed.
 //
 // Not thread-safe; runs everything it needs itself and tears it down before returning.
 #pragma once
@@ -34,6 +35,10 @@ struct WorkerBenchOptions {
   int64_t decode_prompt_tokens = 128;
   int64_t token_budget = 512;  // WorkerCoreOptions::token_budget (the daemon's default)
   int64_t block_tokens = 64;
+  // The bench model's shape (model::PresetNames()); by default one dense and one MoE layer of
+  // DeepSeek-V2-Lite's shape, whose mix of linear and attention work at 8K is the real model's.
+  std::string preset = "v2-lite-shape";
+  int64_t layers = 2;  // > 0: keep only this many of the preset's layers
   std::string model_dir;  // a checkpoint to use, or where to write the bench's own; empty: temp
   std::string work_dir;   // cache server data; empty: a temp dir (removed afterwards)
 };

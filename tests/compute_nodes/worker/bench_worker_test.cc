@@ -19,7 +19,7 @@ std::string ModelDir() { return testing::TempDir() + "/bench_worker_model"; }
 
 TEST(BenchWorkerTest, JsonHasTheFiguresAndTheCachedRunComputesOnlyTheTail) {
   const auto r = RunStrata(
-      "bench worker --prompt-tokens 512 --cached-fraction 0.9 --repeats 1 "
+      "bench worker --preset tiny --prompt-tokens 512 --cached-fraction 0.9 --repeats 1 "
       "--batches 1,2 --decode-tokens 4 --json --model " +
           ModelDir(),
       Stderr::kDiscard);
@@ -44,6 +44,16 @@ TEST(BenchWorkerTest, JsonHasTheFiguresAndTheCachedRunComputesOnlyTheTail) {
   EXPECT_GT(j["ttft_ms"]["fetch_cached_prefix"].get<double>(), 0);
   EXPECT_GT(j["ttft_cpu_ms"]["cold"].get<double>(), 0);
   EXPECT_GT(j["ttft_cpu_ms"]["cached"].get<double>(), 0);
+  // Where the engine's time went: attention and decompression are parts of the forward time.
+  for (const char* run : {"cold", "cached"}) {
+    const json& e = j["engine_s"][run];
+    EXPECT_GT(e["forward"].get<double>(), 0) << run;
+    EXPECT_GT(e["attention"].get<double>(), 0) << run;
+    EXPECT_GT(e["decompress"].get<double>(), 0) << run;
+    EXPECT_LT(e["attention"].get<double>() + e["decompress"].get<double>(),
+              e["forward"].get<double>())
+        << run;
+  }
 
   ASSERT_TRUE(j["decode_tokens_per_s"].contains("1"));
   ASSERT_TRUE(j["decode_tokens_per_s"].contains("2"));
@@ -62,7 +72,7 @@ TEST(BenchWorkerTest, JsonHasTheFiguresAndTheCachedRunComputesOnlyTheTail) {
 
 TEST(BenchWorkerTest, TextOutputJudgesTheRatioAndBadFlagsAreRefused) {
   const auto r = RunStrata(
-      "bench worker --prompt-tokens 256 --repeats 1 --batches 1 "
+      "bench worker --preset tiny --prompt-tokens 256 --repeats 1 --batches 1 "
       "--decode-tokens 2 --model " +
           ModelDir(),
       Stderr::kDiscard);
@@ -75,6 +85,11 @@ TEST(BenchWorkerTest, TextOutputJudgesTheRatioAndBadFlagsAreRefused) {
 
   EXPECT_EQ(RunStrata("bench worker --cached-fraction 1.5 --model " + ModelDir()).exit_code, 2);
   EXPECT_EQ(RunStrata("bench worker --decode-tokens 1 --model " + ModelDir()).exit_code, 2);
+  EXPECT_EQ(RunStrata("bench worker --layers -1 --model " + ModelDir()).exit_code, 2);
+  EXPECT_EQ(RunStrata("bench worker --preset nonesuch --model " + testing::TempDir() +
+                      "/bench_worker_no_model")
+                .exit_code,
+            2);
 }
 
 }  // namespace
