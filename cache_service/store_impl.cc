@@ -888,16 +888,21 @@ absl::Status StoreImpl::Lookup(const v1::LookupRequest& req, v1::LookupResponse*
       ios.push_back(
           {.slot = p.ssd_slot, .buffer = dram_->SlotSpan(p.dram_slot).data(), .length = p.length});
     }
-    const std::vector<absl::Status> results = ssd_->ReadBatch(ios);
+    // Each block is verified as soon as its read completes, while the rest are still in flight,
+    // and all of it outside the store lock.
+    std::vector<std::string> reasons(promotions.size());
+    ssd_->ReadBatch(ios, [&](size_t j, const absl::Status& st) {
+      const Promotion& p = promotions[j];
+      if (!st.ok()) {
+        reasons[j] = std::string(ToStd(st.message()));
+      } else if (Checksum64(dram_->SlotSpan(p.dram_slot).data(), p.length) != p.checksum) {
+        reasons[j] = "ssd payload checksum mismatch";
+      }
+    });
     std::lock_guard<std::mutex> lock(mu_);
     for (size_t j = 0; j < promotions.size(); ++j) {
       const Promotion& p = promotions[j];
-      std::string reason;
-      if (!results[j].ok()) {
-        reason = std::string(ToStd(results[j].message()));
-      } else if (Checksum64(dram_->SlotSpan(p.dram_slot).data(), p.length) != p.checksum) {
-        reason = "ssd payload checksum mismatch";
-      }
+      const std::string& reason = reasons[j];
       auto eit = blocks_.find(keys[p.index]);
       if (eit == blocks_.end()) {  // quarantined meanwhile by a scrub
         dram_->Free(p.dram_slot);

@@ -450,37 +450,44 @@ void RegisterBenchStoreCommand(CLI::App& app) {
       std::string value(size, 'v');
       const uint64_t value_sum = Checksum64(value);
       std::vector<std::string> rbuf(f->clients, std::string(size * batch, '\1'));
-      auto redis_keys = [&](int c, int i) {
-        std::vector<std::string> k;
-        for (int j = 0; j < batch; ++j) k.push_back(StrCat("k", c, "-", i * batch + j, "-", size));
-        return k;
-      };
-      auto add_redis = [&](Result r, std::string op) {
-        r.system = "redis";
-        r.op = std::move(op);
-        r.transport = "tcp";
-        r.tier = "dram";
-        r.size = size;
-        r.clients = f->clients;
-        r.batch = batch;
-        results.push_back(r);
-      };
-      add_redis(
-          RunClients(f->clients, batches,
-                     [&](int c, int i) { return conns[c]->SetMany(redis_keys(c, i), value); }),
-          "put");
-      add_redis(RunClients(f->clients, batches,
-                           [&](int c, int i) {
-                             char* buf = rbuf[c].data();
-                             if (!conns[c]->GetMany(redis_keys(c, i), buf, size)) return false;
-                             for (int j = 0; j < batch; ++j) {
-                               if (Checksum64(buf + size_t(j) * size, size) != value_sum) {
-                                 return false;
+      // Redis both ways: one command per round trip and pipelines of `batch` (large pipelines can
+      // be slower for Redis with big values); the ratios use whichever is faster.
+      std::vector<int> redis_batches = {1};
+      if (batch > 1) redis_batches.push_back(batch);
+      for (const int rb : redis_batches) {
+        auto redis_keys = [&](int c, int i) {
+          std::vector<std::string> k;
+          for (int j = 0; j < rb; ++j) k.push_back(StrCat("k", c, "-", i * rb + j, "-", size));
+          return k;
+        };
+        auto add_redis = [&](Result r, std::string op) {
+          r.system = "redis";
+          r.op = std::move(op);
+          r.transport = "tcp";
+          r.tier = "dram";
+          r.size = size;
+          r.clients = f->clients;
+          r.batch = rb;
+          results.push_back(r);
+        };
+        const int rops = nblocks / rb;
+        add_redis(
+            RunClients(f->clients, rops,
+                       [&](int c, int i) { return conns[c]->SetMany(redis_keys(c, i), value); }),
+            "put");
+        add_redis(RunClients(f->clients, rops,
+                             [&](int c, int i) {
+                               char* buf = rbuf[c].data();
+                               if (!conns[c]->GetMany(redis_keys(c, i), buf, size)) return false;
+                               for (int j = 0; j < rb; ++j) {
+                                 if (Checksum64(buf + size_t(j) * size, size) != value_sum) {
+                                   return false;
+                                 }
                                }
-                             }
-                             return true;
-                           }),
-                "get");
+                               return true;
+                             }),
+                  "get");
+      }
       Result raw;
       raw.system = "raw_odirect";
       raw.op = "read";
@@ -497,15 +504,17 @@ void RegisterBenchStoreCommand(CLI::App& app) {
     waitpid(redis, nullptr, 0);
     server.Shutdown();
 
+    // The best figure of a system for a case (Redis is measured unbatched and pipelined).
     auto find = [&](const std::string& sys, const std::string& op, const std::string& tr,
                     const std::string& tier, uint64_t size) -> double {
+      double best = 0;
       for (const auto& r : results) {
         if (r.system == sys && r.op == op && r.transport == tr && r.tier == tier &&
             r.size == size) {
-          return r.gbps();
+          best = std::max(best, r.gbps());
         }
       }
-      return 0;
+      return best;
     };
     std::cout << absl::StrFormat("%-12s %-5s %-5s %-5s %9s %8s %6s %10s %9s %9s %9s\n", "SYSTEM",
                                  "OP", "VIA", "TIER", "SIZE", "CLIENTS", "BATCH", "BLOCKS/S",

@@ -26,7 +26,9 @@ TEST(CacheConcurrencyTest, ReadersWritersAndEvictorsAgreeOnEveryByte) {
   o.ssd_capacity_bytes = 96 * o.slot_bytes;
   o.ssd_slots_per_file = 16;
   o.write_policy = WritePolicy::kOnEvict;
-  o.lease_ttl = absl::Milliseconds(200);  // the sweeper thread expires abandoned leases
+  // The sweeper thread expires abandoned leases; long enough that a put preempted for a while on
+  // a loaded machine still commits in time.
+  o.lease_ttl = absl::Seconds(1);
   auto opened = BlockStore::Open(o);
   ASSERT_TRUE(opened.ok()) << opened.status();
   BlockStore& store = **opened;
