@@ -45,6 +45,7 @@ struct StoreOptions {
   uint64_t slot_bytes = 4 << 20;
   uint64_t dram_capacity_bytes = 1ull << 30;
   uint64_t dram_max_bytes = 0;      // 0: dram_capacity_bytes
+  bool dram_prefault = false;       // back the DRAM capacity's pages at Open (dram_tier.h)
   std::string ssd_dir;              // empty: data_dir/ssd
   uint64_t ssd_capacity_bytes = 0;  // 0: no SSD tier
   uint64_t ssd_max_bytes = 0;
@@ -64,6 +65,9 @@ struct StoreOptions {
       issue_capability;
   // Run the lease-expiry thread (tests with a fake clock call SweepLeases() themselves).
   bool background_sweeper = true;
+  // Tests: runs in every DRAM -> SSD copy (flush, drain, demotion) after the store's lock is
+  // released and before the SSD writes start.
+  std::function<void()> before_ssd_copy_io;
 };
 
 class BlockStore {

@@ -6,8 +6,9 @@
 
 namespace strata::cache {
 
-CacheAdminService::CacheAdminService(BlockStore& store, std::string admin_token)
-    : store_(store), token_(std::move(admin_token)) {}
+CacheAdminService::CacheAdminService(BlockStore& store, std::string admin_token,
+                                     RemoteDrainOptions drain)
+    : store_(store), token_(std::move(admin_token)), drain_(std::move(drain)) {}
 
 grpc::Status CacheAdminService::Authorize(const grpc::ServerContext* ctx) const {
   return CheckBearerToken(*ctx, token_, "cache admin");
@@ -72,6 +73,9 @@ grpc::Status CacheAdminService::Verify(grpc::ServerContext* ctx, const v1::Verif
 grpc::Status CacheAdminService::Drain(grpc::ServerContext* ctx, const v1::DrainRequest* req,
                                       v1::DrainResponse* resp) {
   STRATA_ADMIN_AUTH();
+  if (!req->target_address().empty()) {
+    return ToGrpcStatus(DrainToRemote(store_, req->target_address(), drain_, resp));
+  }
   return ToGrpcStatus(store_.Drain(*req, resp));
 }
 

@@ -8,14 +8,16 @@
 #include <string>
 
 #include "cache_service/block_store.h"
+#include "cache_service/remote_drain.h"
 #include "strata/v1/cache_admin.grpc.pb.h"
 
 namespace strata::cache {
 
 class CacheAdminService final : public v1::CacheAdmin::Service {
  public:
-  // `admin_token`: empty refuses every call.
-  CacheAdminService(BlockStore& store, std::string admin_token);
+  // `admin_token`: empty refuses every call. `drain`: how Drain with a target address reaches the
+  // other cache server (remote_drain.h).
+  CacheAdminService(BlockStore& store, std::string admin_token, RemoteDrainOptions drain = {});
 
   grpc::Status GetStats(grpc::ServerContext* ctx, const v1::GetStatsRequest* req,
                         v1::GetStatsResponse* resp) override;
@@ -41,6 +43,7 @@ class CacheAdminService final : public v1::CacheAdmin::Service {
 
   BlockStore& store_;
   const std::string token_;
+  const RemoteDrainOptions drain_;
 };
 
 }  // namespace strata::cache

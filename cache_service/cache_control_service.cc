@@ -27,7 +27,18 @@ CacheControlService::CacheControlService(BlockStore& store, Options options)
       options_(std::move(options)),
       latency_(MetricsRegistry::Default().AddHistogram("strata_cache_request_seconds",
                                                        "Latency of cache control calls", {"method"},
-                                                       ExponentialBuckets(10e-6, 2, 18))) {}
+                                                       ExponentialBuckets(10e-6, 2, 18))),
+      transport_bytes_(MetricsRegistry::Default().AddCounter(
+          "strata_cache_transport_bytes_total",
+          "Payload bytes clients write (in) and read (out) per transport (shm, tcp, rdma), as "
+          "granted by Reserve and Lookup leases",
+          {"transport", "direction"})) {}
+
+std::string CacheControlService::TransportOf(const std::string& client_id) {
+  absl::MutexLock lock(&clients_mu_);
+  auto it = client_transport_.find(client_id);
+  return it == client_transport_.end() ? "unknown" : it->second;
+}
 
 grpc::Status CacheControlService::Connect(grpc::ServerContext*, const v1::ConnectRequest* req,
                                           v1::ConnectResponse* resp) {
@@ -60,6 +71,26 @@ grpc::Status CacheControlService::Connect(grpc::ServerContext*, const v1::Connec
   }
   resp->set_lease_ttl_ms(
       static_cast<uint32_t>(absl::ToInt64Milliseconds(store_.options().lease_ttl)));
+  std::string name = "unknown";
+  switch (resp->chosen_transport()) {
+    case v1::TRANSPORT_SHM:
+      name = "shm";
+      break;
+    case v1::TRANSPORT_TCP:
+      name = "tcp";
+      break;
+    case v1::TRANSPORT_RDMA:
+      name = "rdma";
+      break;
+    default:
+      break;
+  }
+  {
+    absl::MutexLock lock(&clients_mu_);
+    // Bounded: client ids are node ids; a map this large means ids are not being reused.
+    if (client_transport_.size() >= 100000) client_transport_.clear();
+    client_transport_[req->client_id()] = name;
+  }
   return grpc::Status::OK;
 }
 
@@ -67,14 +98,30 @@ grpc::Status CacheControlService::Lookup(grpc::ServerContext*, const v1::LookupR
                                          v1::LookupResponse* resp) {
   Timer t(latency_.Labels({"lookup"}));
   ScopedRequestId rid(req->request_id());
-  return ToGrpcStatus(store_.Lookup(*req, resp));
+  const absl::Status st = store_.Lookup(*req, resp);
+  if (st.ok() && req->lease()) {
+    uint64_t bytes = 0;
+    for (const auto& loc : resp->locations()) {
+      if (loc.tier() == v1::TIER_DRAM) bytes += loc.length();
+    }
+    if (bytes > 0) transport_bytes_.Labels({TransportOf(req->client_id()), "out"}).Increment(bytes);
+  }
+  return ToGrpcStatus(st);
 }
 
 grpc::Status CacheControlService::Reserve(grpc::ServerContext*, const v1::ReserveRequest* req,
                                           v1::ReserveResponse* resp) {
   Timer t(latency_.Labels({"reserve"}));
   ScopedRequestId rid(req->request_id());
-  return ToGrpcStatus(store_.Reserve(*req, resp));
+  const absl::Status st = store_.Reserve(*req, resp);
+  if (st.ok()) {
+    uint64_t bytes = 0;
+    for (const auto& slot : resp->slots()) {
+      if (slot.status().code() == 0) bytes += slot.location().length();
+    }
+    if (bytes > 0) transport_bytes_.Labels({TransportOf(req->client_id()), "in"}).Increment(bytes);
+  }
+  return ToGrpcStatus(st);
 }
 
 grpc::Status CacheControlService::Commit(grpc::ServerContext*, const v1::CommitRequest* req,

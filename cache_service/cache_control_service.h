@@ -10,6 +10,8 @@
 #include <atomic>
 #include <string>
 
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "cache_service/block_store.h"
 #include "common/metrics.h"
@@ -56,6 +58,14 @@ class CacheControlService final : public v1::CacheControl::Service {
   std::atomic<bool> shutdown_{false};
   std::atomic<uint64_t> next_digest_{1};
   MetricFamily<Histogram>& latency_;
+  // Payload bytes handed to / taken from clients per transport: the one Connect chose for the
+  // client id (a client that never connected counts as "unknown"). shm bytes never pass through
+  // this process (clients copy into and out of the arena themselves): they are counted when the
+  // slots or read leases are granted.
+  MetricFamily<Counter>& transport_bytes_;
+  std::string TransportOf(const std::string& client_id);
+  absl::Mutex clients_mu_;
+  absl::flat_hash_map<std::string, std::string> client_transport_ ABSL_GUARDED_BY(clients_mu_);
 };
 
 }  // namespace strata::cache

@@ -54,7 +54,12 @@ absl::Status CacheServer::Start() {
     }
   }
   control_ = std::make_unique<CacheControlService>(*store_, std::move(control));
-  admin_ = std::make_unique<CacheAdminService>(*store_, options_.admin_token);
+  admin_ = std::make_unique<CacheAdminService>(
+      *store_, options_.admin_token,
+      RemoteDrainOptions{.host_id = options_.host_id,
+                         .cluster_secret = options_.cluster_secret,
+                         .admin_token = options_.admin_token,
+                         .client_id = StrCat(options_.store.server_id, "-drain")});
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options_.listen, grpc::InsecureServerCredentials(), &grpc_port_);

@@ -44,19 +44,38 @@ absl::StatusOr<std::unique_ptr<DramTier>> DramTier::Create(const Options& option
     close(fd);
     return ErrnoToStatus(err, "mapping the dram arena");
   }
-  return std::unique_ptr<DramTier>(
+  const auto capacity_slots = static_cast<uint32_t>(options.capacity_bytes / options.slot_bytes);
+  auto tier = std::unique_ptr<DramTier>(
       new DramTier(fd, static_cast<std::byte*>(base), arena_bytes, options.slot_bytes,
-                   static_cast<uint32_t>(max_slots),
-                   static_cast<uint32_t>(options.capacity_bytes / options.slot_bytes)));
+                   static_cast<uint32_t>(max_slots), capacity_slots, options.prefault));
+  if (options.prefault)
+    tier->Prefault(0, std::min<uint32_t>(capacity_slots, max_slots), /*empty=*/true);
+  return tier;
 }
 
 DramTier::DramTier(int fd, std::byte* base, uint64_t arena_bytes, uint64_t slot_bytes,
-                   uint32_t max_slots, uint32_t capacity_slots)
+                   uint32_t max_slots, uint32_t capacity_slots, bool prefault)
     : fd_(fd),
       base_(base),
       arena_bytes_(arena_bytes),
       slot_bytes_(slot_bytes),
+      prefault_(prefault),
       slots_(max_slots, capacity_slots) {}
+
+void DramTier::Prefault(uint32_t first, uint32_t end, bool empty) {
+  if (end <= first) return;
+  std::byte* const from = base_ + SlotOffset(first);
+  const uint64_t bytes = uint64_t{end - first} * slot_bytes_;
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23  // Linux 5.14
+#endif
+  if (madvise(from, bytes, MADV_POPULATE_WRITE) == 0 || !empty) return;
+  // Older kernels, and only while no slot holds a block: a write per page backs and maps it.
+  const long page = sysconf(_SC_PAGESIZE);
+  for (uint64_t off = 0; off < bytes; off += static_cast<uint64_t>(page)) {
+    *reinterpret_cast<volatile char*>(from + off) = 0;
+  }
+}
 
 DramTier::~DramTier() {
   munmap(base_, arena_bytes_);
@@ -66,7 +85,9 @@ DramTier::~DramTier() {
 void DramTier::Free(SlotId slot) { slots_.Free(slot); }
 
 absl::Status DramTier::SetCapacitySlots(uint32_t slots) {
+  const uint32_t before = slots_.capacity();
   RETURN_IF_ERROR(slots_.SetCapacity(slots));
+  if (prefault_ && slots > before) Prefault(before, slots, /*empty=*/false);
   // Freed slots keep their pages (re-faulting them on every write would cost more than it saves);
   // a smaller capacity is when memory goes back: punch out every free slot.
   for (SlotId s : slots_.FreeSlots()) {

@@ -3,6 +3,11 @@
 // shm transport does. The arena is sized for `max_bytes` up front; pages are only backed by
 // memory once touched, so a larger maximum costs address space, not RAM. Changing the capacity
 // punches the free slots out of the memfd, which returns their memory.
+//
+// Prefault (Options::prefault): the slots within the capacity are backed and mapped at Create()
+// (and when the capacity grows), so neither the first write of a block nor the server's first
+// checksum of it takes a page fault per 4 KiB on the data path. It costs the capacity in RAM
+// from the start, which the arena would cost anyway once it fills.
 #pragma once
 
 #include <memory>
@@ -20,6 +25,7 @@ class DramTier final : public MemoryTier {
     uint64_t capacity_bytes = 1ull << 30;
     uint64_t max_bytes = 0;  // 0: capacity_bytes
     std::string name = "strata-dram";
+    bool prefault = false;  // back + map the capacity's pages now (see above)
   };
 
   // Creates the memfd and maps it. InvalidArgument for bad sizes; the errno's status when the
@@ -45,12 +51,16 @@ class DramTier final : public MemoryTier {
 
  private:
   DramTier(int fd, std::byte* base, uint64_t arena_bytes, uint64_t slot_bytes, uint32_t max_slots,
-           uint32_t capacity_slots);
+           uint32_t capacity_slots, bool prefault);
+  // Backs and maps slots [first, end). `empty`: no slot holds data yet, so pages may be written
+  // to (the fallback when the kernel lacks MADV_POPULATE_WRITE); otherwise only madvise is used.
+  void Prefault(uint32_t first, uint32_t end, bool empty);
 
   const int fd_;
   std::byte* const base_;
   const uint64_t arena_bytes_;
   const uint64_t slot_bytes_;
+  const bool prefault_;
   SlotAllocator slots_;
 };
 

@@ -122,7 +122,9 @@ SsdTier::Ring& SsdTier::PickRing() {
   return r;
 }
 
-std::vector<absl::Status> SsdTier::ReadBatch(std::span<const Io> ios) { return Submit(ios, false); }
+std::vector<absl::Status> SsdTier::ReadBatch(std::span<const Io> ios, const ReadDone& on_read) {
+  return Submit(ios, false, on_read ? &on_read : nullptr);
+}
 
 std::vector<absl::Status> SsdTier::WriteBatch(std::span<const Io> ios) {
   std::vector<absl::Status> results = Submit(ios, true);
@@ -134,7 +136,8 @@ std::vector<absl::Status> SsdTier::WriteBatch(std::span<const Io> ios) {
   return results;
 }
 
-std::vector<absl::Status> SsdTier::Submit(std::span<const Io> ios, bool write) {
+std::vector<absl::Status> SsdTier::Submit(std::span<const Io> ios, bool write,
+                                          const ReadDone* on_read) {
   std::vector<absl::Status> results(ios.size());
   // Bounce buffers for unaligned callers.
   std::vector<AlignedBuffer> bounce(ios.size());
@@ -164,6 +167,8 @@ std::vector<absl::Status> SsdTier::Submit(std::span<const Io> ios, bool write) {
   }
 
   Ring& ring = PickRing();
+  std::vector<size_t> completed;                  // reads whose callback is due
+  std::vector<bool> reported(ios.size(), false);  // callback already ran
   size_t next = 0;
   size_t inflight = 0;
   std::vector<uint64_t> done_bytes(ios.size(), 0);
@@ -194,8 +199,9 @@ std::vector<absl::Status> SsdTier::Submit(std::span<const Io> ios, bool write) {
     if (rc < 0 && rc != -EINTR) {
       ring.mu.unlock();
       const absl::Status st = ErrnoToStatus(-rc, "io_uring_submit");
-      for (auto& r : results) {
-        if (r.ok()) r = st;
+      for (size_t i = 0; i < results.size(); ++i) {
+        if (results[i].ok()) results[i] = st;
+        if (on_read != nullptr && !reported[i]) (*on_read)(i, results[i]);
       }
       return results;
     }
@@ -214,13 +220,44 @@ std::vector<absl::Status> SsdTier::Submit(std::span<const Io> ios, bool write) {
                                                 ios[i].slot, ": ", cqe->res, " of ", ios[i].length,
                                                 " bytes (slot file truncated?)"));
       }
+      if (on_read != nullptr) completed.push_back(i);
     }
     io_uring_cq_advance(&ring.ring, seen);
+    // Refill the queue before the callbacks run, so the disk stays busy meanwhile.
+    if (on_read != nullptr && !completed.empty()) {
+      while (next < ios.size() && inflight < options_.queue_depth) {
+        const size_t i = next;
+        if (!results[i].ok() || ios[i].length == 0) {
+          ++next;
+          if (results[i].ok()) completed.push_back(i);  // nothing to read
+          continue;
+        }
+        io_uring_sqe* sqe = io_uring_get_sqe(&ring.ring);
+        if (sqe == nullptr) break;
+        ++next;
+        io_uring_prep_read(sqe, fds_[ios[i].slot / options_.slots_per_file], bufs[i],
+                           static_cast<unsigned>(RoundUp(ios[i].length)),
+                           uint64_t{ios[i].slot % options_.slots_per_file} * options_.slot_bytes);
+        io_uring_sqe_set_data64(sqe, i);
+        ++inflight;
+      }
+      io_uring_submit(&ring.ring);
+      for (size_t i : completed) {
+        if (results[i].ok() && bounce[i]) {
+          std::memcpy(ios[i].buffer, bounce[i].get(), ios[i].length);
+          bounce[i].reset();
+        }
+        (*on_read)(i, results[i]);
+        reported[i] = true;
+      }
+      completed.clear();
+    }
   }
   ring.mu.unlock();
   if (!write) {
     for (size_t i = 0; i < ios.size(); ++i) {
       if (results[i].ok() && bounce[i]) std::memcpy(ios[i].buffer, bounce[i].get(), ios[i].length);
+      if (on_read != nullptr && !reported[i]) (*on_read)(i, results[i]);
     }
   }
   return results;

@@ -17,6 +17,7 @@
 
 #include <liburing.h>
 
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -64,7 +65,11 @@ class SsdTier final : public Tier {
   absl::Status Claim(SlotId slot) { return slots_.Claim(slot); }
 
   // Per-request statuses, parallel to `ios`. A short read (a truncated file) is DataLoss.
-  std::vector<absl::Status> ReadBatch(std::span<const Io> ios);
+  // `on_read(i, status)`, when set, runs for each request as soon as it completes (on the calling
+  // thread, while later reads are still in flight), so a caller can verify block i while the
+  // disk works on the rest: the bytes are in ios[i].buffer by then.
+  using ReadDone = std::function<void(size_t, const absl::Status&)>;
+  std::vector<absl::Status> ReadBatch(std::span<const Io> ios, const ReadDone& on_read = {});
   std::vector<absl::Status> WriteBatch(std::span<const Io> ios);
   // fdatasync()s every file written since the last Sync().
   absl::Status Sync();
@@ -80,7 +85,8 @@ class SsdTier final : public Tier {
     io_uring ring ABSL_GUARDED_BY(mu);
   };
   SsdTier(Options options, uint32_t max_slots, uint32_t capacity_slots);
-  std::vector<absl::Status> Submit(std::span<const Io> ios, bool write);
+  std::vector<absl::Status> Submit(std::span<const Io> ios, bool write,
+                                   const ReadDone* on_read = nullptr);
   Ring& PickRing();
 
   const Options options_;

@@ -71,7 +71,7 @@ void StoreImpl::GetStats(v1::GetStatsResponse* resp) {
 absl::Status StoreImpl::SetTierCapacity(const v1::SetTierCapacityRequest& req,
                                         v1::SetTierCapacityResponse* resp) {
   const auto kind = static_cast<TierKind>(req.tier());
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   Tier* tier = req.tier() == v1::TIER_DRAM || req.tier() == v1::TIER_SSD ? TierOf(kind) : nullptr;
   if (tier == nullptr) {
     return absl::FailedPreconditionError(
@@ -84,8 +84,9 @@ absl::Status StoreImpl::SetTierCapacity(const v1::SetTierCapacityRequest& req,
                uint64_t{tier->max_slots()} * tier->slot_bytes(), " bytes (set *_max at start)"));
   }
   const uint32_t slots = static_cast<uint32_t>(slots64);
-  uint64_t evicted = 0;
-  if (tier->used_slots() > slots) evicted = EvictLocked(kind, tier->used_slots() - slots);
+  const uint64_t used_before = tier->used_slots();
+  ShrinkTo(lock, kind, slots);  // demotions copy outside the lock
+  const uint64_t evicted = used_before > tier->used_slots() ? used_before - tier->used_slots() : 0;
   if (tier->used_slots() > slots) {
     return absl::FailedPreconditionError(
         StrCat(tier->used_slots(),
@@ -269,12 +270,12 @@ absl::Status StoreImpl::Unpin(const v1::UnpinRequest& req, v1::UnpinResponse* re
 
 absl::Status StoreImpl::Flush(v1::FlushResponse* resp) {
   if (!ssd_) return absl::FailedPreconditionError("no SSD tier to flush to");
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   std::vector<BlockKey> dram_only;
   for (const auto& [k, e] : blocks_) {
     if (e.rec.dram_slot && !e.rec.ssd_slot) dram_only.push_back(k);
   }
-  const std::vector<BlockKey> done = CopyToSsdLocked(dram_only);
+  const std::vector<BlockKey> done = CopyToSsd(lock, dram_only);  // unlocks for the I/O
   uint64_t bytes = 0;
   for (const BlockKey& k : done) bytes += blocks_[k].rec.payload_bytes;
   resp->set_flushed_blocks(done.size());
@@ -358,7 +359,7 @@ absl::Status StoreImpl::Drain(const v1::DrainRequest& req, v1::DrainResponse* re
         "drain to another cache server needs the transfer engine; drain to local SSD instead");
   }
   if (!ssd_) return absl::FailedPreconditionError("no SSD tier to drain to");
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   std::vector<BlockKey> dram_only;
   std::vector<BlockKey> in_dram;
   for (const auto& [k, e] : blocks_) {
@@ -366,7 +367,7 @@ absl::Status StoreImpl::Drain(const v1::DrainRequest& req, v1::DrainResponse* re
     in_dram.push_back(k);
     if (!e.rec.ssd_slot) dram_only.push_back(k);
   }
-  const std::vector<BlockKey> copied = CopyToSsdLocked(dram_only);
+  const std::vector<BlockKey> copied = CopyToSsd(lock, dram_only);  // unlocks for the I/O
   for (const BlockKey& k : in_dram) {
     auto it = blocks_.find(k);
     if (it == blocks_.end()) continue;

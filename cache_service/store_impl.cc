@@ -20,6 +20,7 @@ struct StoreImpl::Metrics {
   Counter& demotions;
   Counter& quarantines;
   Counter& lease_expiries;
+  MetricFamily<Counter>& tier_bytes;
   MetricFamily<Gauge>& used_bytes;
   MetricFamily<Gauge>& capacity_bytes;
   MetricFamily<Gauge>& blocks;
@@ -28,7 +29,10 @@ struct StoreImpl::Metrics {
       : hits(MetricsRegistry::Default().AddCounter("strata_cache_hits_total",
                                                    "Blocks found by Lookup, per tier", {"tier"})),
         misses(MetricsRegistry::Default().AddCounter(
-            "strata_cache_misses_total", "Blocks Lookup did not find in a tier", {"tier"})),
+            "strata_cache_misses_total",
+            "Lookup misses: per tier (dram: not in DRAM; ssd: in no tier, counted once per "
+            "Lookup as dram is) and tier=all (keys asked for and not found)",
+            {"tier"})),
         evictions(MetricsRegistry::Default().AddCounter(
             "strata_cache_evictions_total", "Blocks that left a tier to make room", {"tier"})),
         promotions(MetricsRegistry::Default()
@@ -46,6 +50,11 @@ struct StoreImpl::Metrics {
                            .AddCounter("strata_cache_lease_expiries_total",
                                        "Leases that expired without Release")
                            .Labels({})),
+        tier_bytes(MetricsRegistry::Default().AddCounter(
+            "strata_cache_tier_bytes_total",
+            "Payload bytes into a tier (committed, demoted, promoted) and out of it (handed to "
+            "readers, promoted from SSD)",
+            {"tier", "direction"})),
         used_bytes(MetricsRegistry::Default().AddGauge("strata_cache_tier_used_bytes",
                                                        "Bytes of slots in use", {"tier"})),
         capacity_bytes(MetricsRegistry::Default().AddGauge("strata_cache_tier_capacity_bytes",
@@ -127,7 +136,8 @@ absl::Status StoreImpl::Init() {
   ASSIGN_OR_RETURN(dram_, DramTier::Create({.slot_bytes = options_.slot_bytes,
                                             .capacity_bytes = options_.dram_capacity_bytes,
                                             .max_bytes = options_.dram_max_bytes,
-                                            .name = StrCat("strata-", options_.server_id)}));
+                                            .name = StrCat("strata-", options_.server_id),
+                                            .prefault = options_.dram_prefault}));
   if (options_.ssd_capacity_bytes > 0) {
     const std::string dir =
         options_.ssd_dir.empty() ? StrCat(options_.data_dir, "/ssd") : options_.ssd_dir;
@@ -223,7 +233,69 @@ absl::StatusOr<SlotId> StoreImpl::AllocateLocked(TierKind kind) {
   return tier->Allocate();
 }
 
-void StoreImpl::ApplyWatermarkLocked(TierKind kind) {
+bool StoreImpl::NeedsDemotionLocked(const Entry& e) const {
+  return ssd_ && options_.write_policy != WritePolicy::kNever && e.rec.dram_slot && !e.rec.ssd_slot;
+}
+
+void StoreImpl::AddBytesLocked(TierKind kind, bool in, uint64_t bytes) {
+  TierCounters& c = CountersOf(kind);
+  (in ? c.bytes_in : c.bytes_out) += bytes;
+  metrics_->tier_bytes.Labels({std::string(TierName(kind)), in ? "in" : "out"}).Increment(bytes);
+}
+
+void StoreImpl::CountEvictionsLocked(TierKind kind, size_t n) {
+  if (n == 0) return;
+  CountersOf(kind).evictions += n;
+  metrics_->evictions.Labels({std::string(TierName(kind))}).Increment(n);
+}
+
+void StoreImpl::ShrinkTo(std::unique_lock<std::mutex>& lock, TierKind kind, uint64_t target_used,
+                         const absl::flat_hash_set<BlockKey>* keep) {
+  Tier* tier = TierOf(kind);
+  if (tier == nullptr || tier->used_slots() <= target_used) return;
+  std::vector<BlockKey> dirty;
+  EvictLocked(kind, tier->used_slots() - target_used, nullptr,
+              kind == TierKind::kDram ? &dirty : nullptr, keep);
+  if (dirty.empty()) return;
+  const std::vector<BlockKey> moved = CopyToSsd(lock, dirty);  // unlocks for the I/O
+  if (!moved.empty()) {
+    v1::KvEvent ev;
+    ev.set_namespace_id(std::string(blocks_[moved[0]].rec.ns.View()));
+    auto* m = ev.mutable_moved();
+    for (const BlockKey& k : moved) m->add_keys(std::string(k.View()));
+    m->set_from_tier(v1::TIER_DRAM);
+    m->set_to_tier(v1::TIER_SSD);
+    events_.Publish(std::move(ev));
+  }
+  // The victims leave DRAM now, copied or not, unless somebody started reading or pinned them
+  // while the lock was released.
+  const int64_t now = NowMs();
+  size_t evicted = 0;
+  for (const BlockKey& k : dirty) {
+    auto it = blocks_.find(k);
+    if (it == blocks_.end() || !it->second.rec.dram_slot || it->second.readers > 0 ||
+        it->second.move_token != 0 || it->second.rec.pinned(now)) {
+      continue;
+    }
+    if (RemoveFromTierLocked(k, kind)) ++evicted;
+  }
+  CountEvictionsLocked(kind, evicted);
+}
+
+void StoreImpl::MakeRoom(std::unique_lock<std::mutex>& lock, TierKind kind, size_t need,
+                         const absl::flat_hash_set<BlockKey>* keep) {
+  Tier* tier = TierOf(kind);
+  if (tier == nullptr) return;
+  const uint64_t cap = tier->capacity_slots();
+  const uint64_t used = tier->used_slots();
+  if (cap >= used && cap - used >= need) return;
+  const double low =
+      kind == TierKind::kSsd ? options_.ssd_low_watermark : options_.dram_low_watermark;
+  const uint64_t low_target = static_cast<uint64_t>(std::floor(low * cap));
+  ShrinkTo(lock, kind, std::min<uint64_t>(low_target, cap > need ? cap - need : 0), keep);
+}
+
+void StoreImpl::ApplyWatermark(std::unique_lock<std::mutex>& lock, TierKind kind) {
   Tier* tier = TierOf(kind);
   if (tier == nullptr) return;
   const bool ssd = kind == TierKind::kSsd;
@@ -231,55 +303,40 @@ void StoreImpl::ApplyWatermarkLocked(TierKind kind) {
   const double low = ssd ? options_.ssd_low_watermark : options_.dram_low_watermark;
   const double cap = tier->capacity_slots();
   if (tier->used_slots() <= high * cap) return;
-  const uint64_t target = static_cast<uint64_t>(std::floor(low * cap));
-  if (tier->used_slots() > target) EvictLocked(kind, tier->used_slots() - target);
+  ShrinkTo(lock, kind, static_cast<uint64_t>(std::floor(low * cap)));
 }
 
-size_t StoreImpl::EvictLocked(TierKind kind, size_t count, const std::string* tenant) {
+size_t StoreImpl::EvictLocked(TierKind kind, size_t count, const std::string* tenant,
+                              std::vector<BlockKey>* dirty,
+                              const absl::flat_hash_set<BlockKey>* keep) {
   const int64_t now = NowMs();
   std::vector<EvictionCandidate> resident;
   for (const auto& [key, e] : blocks_) {
     const bool in_tier = tenant != nullptr        ? e.rec.tenant == *tenant
                          : kind == TierKind::kSsd ? e.rec.ssd_slot.has_value()
                                                   : e.rec.dram_slot.has_value();
-    if (!in_tier) continue;
+    if (!in_tier || (keep != nullptr && keep->contains(key))) continue;
+    // Leaving DRAM may need a copy first; only a caller that can do it outside the lock
+    // (`dirty`) gets such victims.
+    const bool needs_copy = tenant == nullptr && kind == TierKind::kDram && NeedsDemotionLocked(e);
     resident.push_back({.key = key,
                         .parent = e.rec.parent,
                         .last_access_ms = e.rec.last_access_ms,
-                        .evictable = e.readers == 0 && !e.rec.pinned(now)});
+                        .evictable = e.readers == 0 && e.move_token == 0 && !e.rec.pinned(now) &&
+                                     (dirty != nullptr || !needs_copy)});
   }
   const std::vector<BlockKey> victims = SelectVictims(resident, count);
-  if (victims.empty()) return 0;
-  // DRAM blocks with no SSD copy are written down first when the policy keeps them.
-  if (tenant == nullptr && kind == TierKind::kDram && ssd_ &&
-      options_.write_policy != WritePolicy::kNever) {
-    std::vector<BlockKey> dram_only;
-    for (const BlockKey& k : victims) {
-      if (!blocks_[k].rec.ssd_slot) dram_only.push_back(k);
-    }
-    if (!dram_only.empty()) {
-      const std::vector<BlockKey> moved = CopyToSsdLocked(dram_only);
-      if (!moved.empty()) {
-        v1::KvEvent ev;
-        ev.set_namespace_id(std::string(blocks_[moved[0]].rec.ns.View()));
-        auto* m = ev.mutable_moved();
-        for (const BlockKey& k : moved) m->add_keys(std::string(k.View()));
-        m->set_from_tier(v1::TIER_DRAM);
-        m->set_to_tier(v1::TIER_SSD);
-        events_.Publish(std::move(ev));
-      }
-    }
-  }
   size_t evicted = 0;
   for (const BlockKey& k : victims) {
+    if (tenant == nullptr && kind == TierKind::kDram && NeedsDemotionLocked(blocks_[k])) {
+      if (dirty != nullptr) dirty->push_back(k);
+      continue;
+    }
     const std::optional<TierKind> tier =
         tenant != nullptr ? std::nullopt : std::optional<TierKind>(kind);
     if (RemoveFromTierLocked(k, tier)) ++evicted;
   }
-  if (tenant == nullptr) {
-    CountersOf(kind).evictions += evicted;
-    metrics_->evictions.Labels({std::string(TierName(kind))}).Increment(evicted);
-  }
+  if (tenant == nullptr) CountEvictionsLocked(kind, evicted);
   return evicted;
 }
 
@@ -318,50 +375,75 @@ bool StoreImpl::RemoveFromTierLocked(const BlockKey& key, std::optional<TierKind
   return true;
 }
 
-std::vector<BlockKey> StoreImpl::CopyToSsdLocked(const std::vector<BlockKey>& keys) {
+std::vector<BlockKey> StoreImpl::CopyToSsd(std::unique_lock<std::mutex>& lock,
+                                           const std::vector<BlockKey>& keys) {
   std::vector<BlockKey> done;
   if (!ssd_) return done;
+  struct Move {
+    BlockKey key;
+    uint64_t token;
+    SlotId ssd_slot;
+  };
+  // 1. Under the lock: an SSD slot per block, and the block held in place and marked.
+  std::vector<Move> moves;
   std::vector<SsdTier::Io> ios;
-  std::vector<BlockKey> io_keys;
   for (const BlockKey& k : keys) {
     auto it = blocks_.find(k);
-    if (it == blocks_.end() || it->second.rec.ssd_slot || !it->second.rec.dram_slot) continue;
-    // Hold the block while the SSD tier evicts to make room.
-    ++it->second.readers;
+    if (it == blocks_.end()) continue;
+    Entry& e = it->second;
+    if (e.rec.ssd_slot || !e.rec.dram_slot || e.move_token != 0) continue;
+    ++e.readers;  // not evicted, drained or dropped while its bytes are being copied
     absl::StatusOr<SlotId> slot = AllocateLocked(TierKind::kSsd);
-    --it->second.readers;
-    if (!slot.ok()) break;
+    if (!slot.ok()) {
+      --e.readers;
+      break;
+    }
+    e.move_token = next_move_token_++;
+    moves.push_back({.key = k, .token = e.move_token, .ssd_slot = *slot});
     ios.push_back({.slot = *slot,
-                   .buffer = dram_->SlotSpan(*it->second.rec.dram_slot).data(),
-                   .length = it->second.rec.payload_bytes});
-    io_keys.push_back(k);
+                   .buffer = dram_->SlotSpan(*e.rec.dram_slot).data(),
+                   .length = e.rec.payload_bytes});
   }
-  if (ios.empty()) return done;
+  if (moves.empty()) return done;
+  // 2. The I/O, without the lock: one io_uring batch, then one fdatasync per file.
+  lock.unlock();
+  if (options_.before_ssd_copy_io) options_.before_ssd_copy_io();
   const std::vector<absl::Status> results = ssd_->WriteBatch(ios);
   const absl::Status synced = ssd_->Sync();
+  lock.lock();
+  // 3. Commit what was written to a block that is still the one marked: index first.
   std::vector<BlockRecord> records;
-  records.reserve(ios.size());
-  for (size_t i = 0; i < ios.size(); ++i) {
-    if (!results[i].ok() || !synced.ok()) {
-      spdlog::warn("cache: writing block {} to ssd: {}", io_keys[i].Hex(),
-                   ToStd((results[i].ok() ? synced : results[i]).message()));
-      ssd_->Free(ios[i].slot);
+  for (size_t i = 0; i < moves.size(); ++i) {
+    const Move& m = moves[i];
+    auto it = blocks_.find(m.key);
+    const bool same = it != blocks_.end() && it->second.move_token == m.token;
+    if (same) {
+      it->second.move_token = 0;
+      if (it->second.readers > 0) --it->second.readers;
+    }
+    const absl::Status& st = results[i].ok() ? synced : results[i];
+    if (!st.ok()) {
+      spdlog::warn("cache: writing block {} to ssd: {}", m.key.Hex(), ToStd(st.message()));
+    }
+    if (!same || !st.ok() || it->second.rec.ssd_slot) {  // failed, or quarantined meanwhile
+      ssd_->Free(m.ssd_slot);
       continue;
     }
-    BlockRecord rec = blocks_[io_keys[i]].rec;
-    rec.ssd_slot = ios[i].slot;
+    BlockRecord rec = it->second.rec;
+    rec.ssd_slot = m.ssd_slot;
     records.push_back(std::move(rec));
   }
   BlockIndex::Batch batch;
   for (const auto& r : records) batch.puts.push_back(&r);
-  if (const absl::Status st = index_->Write(batch, /*sync=*/true); !st.ok()) {
+  if (const absl::Status st = records.empty() ? absl::OkStatus() : index_->Write(batch, true);
+      !st.ok()) {
     spdlog::error("cache index: recording ssd copies: {}", ToStd(st.message()));
     for (const auto& r : records) ssd_->Free(*r.ssd_slot);
     return done;
   }
   for (const auto& r : records) {
     blocks_[r.key].rec.ssd_slot = r.ssd_slot;
-    ssd_counters_.bytes_in += r.payload_bytes;
+    AddBytesLocked(TierKind::kSsd, /*in=*/true, r.payload_bytes);
     done.push_back(r.key);
   }
   metrics_->demotions.Increment(done.size());
@@ -494,7 +576,10 @@ absl::Status StoreImpl::Reserve(const v1::ReserveRequest& req, v1::ReserveRespon
     }
     keys.emplace_back(key, parent);
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
+  // Room for the whole batch first (demotions copy outside the lock); the loop below then only
+  // takes free slots or evicts blocks that need no I/O.
+  MakeRoom(lock, TierKind::kDram, keys.size());
   Lease lease;
   lease.write = true;
   const auto quota = options_.tenant_quota_bytes.find(req.tenant());
@@ -629,7 +714,7 @@ absl::Status StoreImpl::Commit(const v1::CommitRequest& req, v1::CommitResponse*
     }
   }
   // 4. Index, then memory, then events.
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   const int64_t now = NowMs();
   std::vector<BlockRecord> records;
   for (int i = 0; i < n; ++i) {
@@ -662,11 +747,11 @@ absl::Status StoreImpl::Commit(const v1::CommitRequest& req, v1::CommitResponse*
       const std::string parent = r.has_parent() ? std::string(r.parent.View()) : "";
       dram_ev.mutable_stored()->add_keys(std::string(r.key.View()));
       dram_ev.mutable_stored()->add_parent_keys(parent);
-      dram_counters_.bytes_in += r.payload_bytes;
+      AddBytesLocked(TierKind::kDram, /*in=*/true, r.payload_bytes);
       if (r.ssd_slot) {
         ssd_ev.mutable_stored()->add_keys(std::string(r.key.View()));
         ssd_ev.mutable_stored()->add_parent_keys(parent);
-        ssd_counters_.bytes_in += r.payload_bytes;
+        AddBytesLocked(TierKind::kSsd, /*in=*/true, r.payload_bytes);
       } else {
         durable = false;
       }
@@ -710,7 +795,7 @@ absl::Status StoreImpl::Commit(const v1::CommitRequest& req, v1::CommitResponse*
     leases_.erase(it);
   }
   resp->set_durable(durable);
-  ApplyWatermarkLocked(TierKind::kSsd);
+  ApplyWatermark(lock, TierKind::kSsd);
   UpdateGaugesLocked();
   return absl::OkStatus();
 }
@@ -735,7 +820,21 @@ absl::Status StoreImpl::Lookup(const v1::LookupRequest& req, v1::LookupResponse*
   std::vector<Promotion> promotions;
   size_t hits = 0;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
+    if (need_data) {
+      // SSD hits of the present prefix need DRAM slots: make room before taking any (demotions
+      // copy outside the lock), so the loop below never waits on I/O.
+      size_t to_promote = 0;
+      absl::flat_hash_set<BlockKey> prefix;
+      for (const BlockKey& k : keys) {
+        auto it = blocks_.find(k);
+        if (it == blocks_.end() || it->second.rec.ns != ns) break;
+        to_promote += !it->second.rec.dram_slot;
+        prefix.insert(k);
+      }
+      // The blocks asked for are not the ones to make room with.
+      if (to_promote > 0) MakeRoom(lock, TierKind::kDram, to_promote, &prefix);
+    }
     const int64_t now = NowMs();
     for (; hits < keys.size(); ++hits) {
       auto it = blocks_.find(keys[hits]);
@@ -756,18 +855,26 @@ absl::Status StoreImpl::Lookup(const v1::LookupRequest& req, v1::LookupResponse*
       e.rec.last_access_ms = now;
       ++e.rec.hits;
     }
+    uint64_t dram_hits = 0, dram_misses = 0, ssd_hits = 0, ssd_misses = 0;
     for (size_t i = 0; i < hits; ++i) {
       const bool in_dram = blocks_[keys[i]].rec.dram_slot.has_value();
-      if (in_dram) {
-        ++dram_counters_.hits;
-      } else {
-        ++dram_counters_.misses;
-        ++ssd_counters_.hits;
-      }
+      dram_hits += in_dram;
+      dram_misses += !in_dram;
+      ssd_hits += !in_dram;
     }
     if (hits < keys.size()) {
-      ++dram_counters_.misses;
-      if (ssd_) ++ssd_counters_.misses;
+      ++dram_misses;
+      if (ssd_) ++ssd_misses;
+    }
+    dram_counters_.hits += dram_hits;
+    dram_counters_.misses += dram_misses;
+    ssd_counters_.hits += ssd_hits;
+    ssd_counters_.misses += ssd_misses;
+    metrics_->hits.Labels({"dram"}).Increment(dram_hits);
+    metrics_->misses.Labels({"dram"}).Increment(dram_misses);
+    if (ssd_) {
+      metrics_->hits.Labels({"ssd"}).Increment(ssd_hits);
+      metrics_->misses.Labels({"ssd"}).Increment(ssd_misses);
     }
   }
   std::vector<bool> from_ssd(hits, false);
@@ -781,16 +888,21 @@ absl::Status StoreImpl::Lookup(const v1::LookupRequest& req, v1::LookupResponse*
       ios.push_back(
           {.slot = p.ssd_slot, .buffer = dram_->SlotSpan(p.dram_slot).data(), .length = p.length});
     }
-    const std::vector<absl::Status> results = ssd_->ReadBatch(ios);
+    // Each block is verified as soon as its read completes, while the rest are still in flight,
+    // and all of it outside the store lock.
+    std::vector<std::string> reasons(promotions.size());
+    ssd_->ReadBatch(ios, [&](size_t j, const absl::Status& st) {
+      const Promotion& p = promotions[j];
+      if (!st.ok()) {
+        reasons[j] = std::string(ToStd(st.message()));
+      } else if (Checksum64(dram_->SlotSpan(p.dram_slot).data(), p.length) != p.checksum) {
+        reasons[j] = "ssd payload checksum mismatch";
+      }
+    });
     std::lock_guard<std::mutex> lock(mu_);
     for (size_t j = 0; j < promotions.size(); ++j) {
       const Promotion& p = promotions[j];
-      std::string reason;
-      if (!results[j].ok()) {
-        reason = std::string(ToStd(results[j].message()));
-      } else if (Checksum64(dram_->SlotSpan(p.dram_slot).data(), p.length) != p.checksum) {
-        reason = "ssd payload checksum mismatch";
-      }
+      const std::string& reason = reasons[j];
       auto eit = blocks_.find(keys[p.index]);
       if (eit == blocks_.end()) {  // quarantined meanwhile by a scrub
         dram_->Free(p.dram_slot);
@@ -809,7 +921,8 @@ absl::Status StoreImpl::Lookup(const v1::LookupRequest& req, v1::LookupResponse*
       } else {
         e.rec.dram_slot = p.dram_slot;
         ++ssd_counters_.promotions;
-        ssd_counters_.bytes_out += p.length;
+        AddBytesLocked(TierKind::kSsd, /*in=*/false, p.length);
+        AddBytesLocked(TierKind::kDram, /*in=*/true, p.length);
         metrics_->promotions.Increment();
         v1::KvEvent ev;
         ev.set_namespace_id(std::string(ns.View()));
@@ -821,7 +934,7 @@ absl::Status StoreImpl::Lookup(const v1::LookupRequest& req, v1::LookupResponse*
       }
     }
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   Lease lease;
   for (size_t i = 0; i < hits; ++i) {
     auto it = blocks_.find(keys[i]);
@@ -841,7 +954,7 @@ absl::Status StoreImpl::Lookup(const v1::LookupRequest& req, v1::LookupResponse*
       loc->set_tier(v1::TIER_DRAM);
       loc->set_segment(kDramSegment);
       loc->set_offset(dram_->SlotOffset(*e.rec.dram_slot));
-      dram_counters_.bytes_out += e.rec.payload_bytes;
+      AddBytesLocked(TierKind::kDram, /*in=*/false, e.rec.payload_bytes);
       if (options_.issue_capability) {
         loc->set_capability(options_.issue_capability(loc->offset(), e.rec.payload_bytes,
                                                       /*write=*/false, CapabilityExpiryMs()));
@@ -857,7 +970,7 @@ absl::Status StoreImpl::Lookup(const v1::LookupRequest& req, v1::LookupResponse*
   metrics_->hits.Labels({"all"}).Increment(resp->hit_blocks());
   metrics_->misses.Labels({"all"}).Increment(keys.size() - resp->hit_blocks());
   if (!lease.readers.empty()) NewLeaseLocked(std::move(lease), resp->mutable_lease());
-  ApplyWatermarkLocked(TierKind::kDram);
+  ApplyWatermark(lock, TierKind::kDram);
   UpdateGaugesLocked();
   return absl::OkStatus();
 }

@@ -1,11 +1,16 @@
 // The one BlockStore implementation (block_store.h). Data path and eviction in store_impl.cc,
 // administration in store_admin.cc.
 //
-// Locking: one mutex (mu_) guards all block, lease and tenant bookkeeping. Payload I/O on the
-// hot paths (Commit's checksum and write-through, Lookup's promotion) runs outside it; the blocks
-// involved are held in place meanwhile (`readers`, or the lease marked busy), so eviction skips
-// them. Administrative bulk moves (flush, drain, demotion on eviction) do their SSD I/O under the
-// mutex: rare, batched, and simpler to reason about.
+// Locking: one mutex (mu_) guards all block, lease and tenant bookkeeping (and the RocksDB index
+// writes that must stay ordered with it). No payload I/O runs under it: Commit's checksum and
+// write-through, Lookup's promotion, and every DRAM -> SSD copy (flush, drain, demotion when
+// eviction needs room) follow one pattern: reserve slots and mark the blocks under the mutex,
+// release it for the SSD reads/writes, take it again to commit (index first, then memory). The
+// blocks involved are held in place meanwhile (`readers`, a busy lease, or a block's
+// `move_token`), so eviction, drain and admin evict skip them; a block quarantined meanwhile
+// invalidates the move (its token no longer matches), and the copy's slot goes back. A
+// concurrent reader of a block being moved keeps reading its DRAM copy, which the move does not
+// touch: it gets that block or (once it has left) a miss, never another block's bytes.
 #pragma once
 
 #include <atomic>
@@ -55,7 +60,8 @@ class StoreImpl final : public BlockStore {
  private:
   struct Entry {
     BlockRecord rec;
-    uint32_t readers = 0;  // read leases and in-flight I/O that need the block to stay put
+    uint32_t readers = 0;     // read leases and in-flight I/O that need the block to stay put
+    uint64_t move_token = 0;  // nonzero while a DRAM -> SSD copy of it runs outside mu_
   };
   struct Pending {
     BlockKey key;
@@ -83,17 +89,36 @@ class StoreImpl final : public BlockStore {
   Tier* TierOf(TierKind kind);
   TierCounters& CountersOf(TierKind kind) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  // A DRAM slot, evicting (and demoting) to make room when the arena is full.
+  // A free slot of `kind`, evicting blocks that need no I/O to leave (LRU tails first) when the
+  // tier is full. Never writes payloads: room that needs demotion comes from MakeRoom().
   absl::StatusOr<SlotId> AllocateLocked(TierKind kind) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Evicts up to `count` blocks from `kind` (LRU tails first). DRAM blocks without an SSD copy
-  // are demoted first when the policy says so. Returns how many left the tier.
-  size_t EvictLocked(TierKind kind, size_t count, const std::string* tenant = nullptr)
+  // Evicts up to `count` blocks from `kind` (LRU tails first); returns how many left the tier.
+  // DRAM blocks that must be demoted first (no SSD copy yet and the policy keeps them) are not
+  // evicted: with `dirty` they are chosen as victims like any other and returned there (the
+  // caller copies them, then evicts them); without it they are passed over.
+  // `keep`: blocks that must not be chosen (a Lookup making room for its own promotions).
+  size_t EvictLocked(TierKind kind, size_t count, const std::string* tenant = nullptr,
+                     std::vector<BlockKey>* dirty = nullptr,
+                     const absl::flat_hash_set<BlockKey>* keep = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Brings `kind` down to `target_used` slots: evicts clean victims, copies dirty ones to SSD
+  // (releasing `lock` for the I/O), then evicts them too (a block whose copy failed is dropped
+  // from DRAM, as a cache may). `lock` holds mu_ on entry and on return.
+  void ShrinkTo(std::unique_lock<std::mutex>& lock, TierKind kind, uint64_t target_used,
+                const absl::flat_hash_set<BlockKey>* keep = nullptr);
+  // At least `need` free slots in `kind` if eviction can make them (down to the low watermark),
+  // evicting none of `keep`.
+  void MakeRoom(std::unique_lock<std::mutex>& lock, TierKind kind, size_t need,
+                const absl::flat_hash_set<BlockKey>* keep = nullptr);
   // Above the high watermark: evict down to the low one.
-  void ApplyWatermarkLocked(TierKind kind) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Copies DRAM-only blocks to SSD (write, sync, then index). Returns the keys that made it.
-  std::vector<BlockKey> CopyToSsdLocked(const std::vector<BlockKey>& keys)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ApplyWatermark(std::unique_lock<std::mutex>& lock, TierKind kind);
+  bool NeedsDemotionLocked(const Entry& e) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void CountEvictionsLocked(TierKind kind, size_t n) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AddBytesLocked(TierKind kind, bool in, uint64_t bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Copies DRAM-only blocks to SSD (write, sync, then index). `lock` holds mu_ on entry and on
+  // return; it is released for the SSD writes. Returns the keys that made it.
+  std::vector<BlockKey> CopyToSsd(std::unique_lock<std::mutex>& lock,
+                                  const std::vector<BlockKey>& keys);
   // Removes the block from one tier (or all with kGpu used as "every tier": see .cc), updating
   // the index and publishing `evicted`. False when the index write failed (nothing changed).
   bool RemoveFromTierLocked(const BlockKey& key, std::optional<TierKind> tier)
@@ -125,6 +150,7 @@ class StoreImpl final : public BlockStore {
   absl::flat_hash_map<uint64_t, Lease> leases_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, uint64_t> tenant_bytes_ ABSL_GUARDED_BY(mu_);
   uint64_t next_lease_id_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t next_move_token_ ABSL_GUARDED_BY(mu_) = 1;
   TierCounters dram_counters_ ABSL_GUARDED_BY(mu_);
   TierCounters ssd_counters_ ABSL_GUARDED_BY(mu_);
   uint64_t quarantined_ ABSL_GUARDED_BY(mu_) = 0;

@@ -58,8 +58,19 @@ class MemoryTier : public Tier {
   virtual uint64_t SlotOffset(SlotId slot) const { return uint64_t{slot} * slot_bytes(); }
 };
 
-// GPU tier: a device pool of block slots, served to same-host workers by CUDA IPC or peer copy.
-// Only the interface exists (CUDA builds will add `GpuTier : MemoryTier`); the store treats a
-// missing GPU tier as "not configured".
+// GPU tier (how a device tier slots in; the CUDA backend adds it): `GpuTier : MemoryTier` over one
+// device allocation of max_slots() * slot_bytes(), registered as transfer segment "gpu" (CUDA IPC
+// handle for same-host workers, peer copy otherwise). What the store needs from it:
+//   - slot bookkeeping exactly as here (Allocate/Free/capacity; SlotAllocator does it);
+//   - SlotSpan() returns *device* addresses: the store must never dereference them on the host.
+//     The places that touch bytes today are Commit's checksum, Verify, and the DRAM <-> SSD copies;
+//     for the GPU tier they become a device checksum (a kernel over the slot) and GPU <-> DRAM
+//     copies through the transfer engine's cuda transport (cudaMemcpyAsync from/to pinned DRAM
+//     slots), run outside the store lock like the SSD copies (reserve + mark under the lock, copy,
+//     commit under the lock: store_impl.h);
+//   - eviction treats it as the level above DRAM: demotion GPU -> DRAM takes the place of
+//     DRAM -> SSD, with the same watermarks and `dirty` victims (EvictLocked/ShrinkTo);
+//   - residency is volatile (like DRAM): the index records the slot, Open() clears it.
+// Until then TierOf(kGpu) is null and the store reports the tier as "not configured".
 
 }  // namespace strata::cache

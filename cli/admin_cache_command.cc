@@ -301,8 +301,12 @@ void RegisterAdminCacheCommand(CLI::App& app) {
   });
 
   auto drain_target = std::make_shared<std::string>();
-  CLI::App* drain = cache->add_subcommand("drain", "Empty this host's DRAM tier into SSD");
-  drain->add_option("--target", *drain_target, "Another cache server (not yet supported)");
+  CLI::App* drain = cache->add_subcommand(
+      "drain",
+      "Empty this host's DRAM tier into its SSD tier, or (--to) into another cache server");
+  drain->add_option("--to,--target", *drain_target,
+                    "Another cache server's gRPC HOST:PORT: blocks move there (checksum-verified, "
+                    "with namespace, tenant and pins) and leave this server");
   drain->callback([flags, drain_target] {
     v1::DrainRequest req;
     req.set_target_address(*drain_target);

@@ -3,6 +3,9 @@
 // and transport, DRAM hits and SSD hits; side by side a Redis 7 server on loopback doing SET/GET
 // of the same sizes with the same client count, and the raw O_DIRECT read speed of the disk the
 // SSD tier lives on. Every get lands in the client's own buffer and is checked by checksum.
+// Batched like a worker's fetch/save: one operation moves `--batch` blocks with one control
+// round trip (Reserve+Commit, Lookup+Release) and one transfer batch; Redis gets the same
+// batching as a pipeline of as many SET/GET commands.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -41,9 +44,11 @@ struct Result {
   std::string system, op, transport, tier;
   uint64_t size = 0;
   int clients = 0;
-  uint64_t ops = 0;
-  double seconds = 0, p50_us = 0, p99_us = 0;
-  double gbps() const { return ops * double(size) / seconds / 1e9; }
+  int batch = 1;     // blocks per operation (one control round trip + one transfer batch)
+  uint64_t ops = 0;  // operations (batches) completed
+  double seconds = 0, p50_us = 0, p99_us = 0;  // latency of one operation (a whole batch)
+  uint64_t blocks() const { return ops * uint64_t(batch); }
+  double gbps() const { return blocks() * double(size) / seconds / 1e9; }
 };
 
 Result Summarize(std::vector<std::vector<double>>& lat, double seconds) {
@@ -101,26 +106,38 @@ class Redis {
   }
   ~Redis() { close(fd_); }
   bool ok() const { return ok_; }
-  bool Set(const std::string& key, const std::string& value) {
-    const std::string head =
-        StrCat("*3\r\n$3\r\nSET\r\n$", key.size(), "\r\n", key, "\r\n$", value.size(), "\r\n");
-    if (!SendAll(head.data(), head.size()) || !SendAll(value.data(), value.size()) ||
-        !SendAll("\r\n", 2)) {
-      return false;
+  // Pipelined: every SET is sent before the replies are read (the same batching the cache
+  // server gets: one round trip per batch, not per value).
+  bool SetMany(const std::vector<std::string>& keys, const std::string& value) {
+    for (const std::string& key : keys) {
+      const std::string head =
+          StrCat("*3\r\n$3\r\nSET\r\n$", key.size(), "\r\n", key, "\r\n$", value.size(), "\r\n");
+      if (!SendAll(head.data(), head.size()) || !SendAll(value.data(), value.size()) ||
+          !SendAll("\r\n", 2)) {
+        return false;
+      }
     }
     std::string line;
-    return ReadLine(&line) && line == "+OK";
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (!ReadLine(&line) || line != "+OK") return false;
+    }
+    return true;
   }
-  // Reads the value straight into `out` (the client's own buffer).
-  bool Get(const std::string& key, std::string* out) {
-    const std::string cmd = StrCat("*2\r\n$3\r\nGET\r\n$", key.size(), "\r\n", key, "\r\n");
-    std::string line;
-    if (!SendAll(cmd.data(), cmd.size()) || !ReadLine(&line) || line.empty() || line[0] != '$') {
-      return false;
+  // Pipelined GETs; value i is read straight into out + i * size (the client's own buffer).
+  bool GetMany(const std::vector<std::string>& keys, char* out, size_t size) {
+    std::string cmds;
+    for (const std::string& key : keys) {
+      StrAppend(&cmds, "*2\r\n$3\r\nGET\r\n$", key.size(), "\r\n", key, "\r\n");
     }
-    const auto n = ParseInt64(std::string_view(line).substr(1));
-    if (!n || *n < 0 || static_cast<size_t>(*n) != out->size()) return false;
-    return ReadExact(out->data(), out->size()) && ReadExact(crlf_, 2);
+    if (!SendAll(cmds.data(), cmds.size())) return false;
+    std::string line;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (!ReadLine(&line) || line.empty() || line[0] != '$') return false;
+      const auto n = ParseInt64(std::string_view(line).substr(1));
+      if (!n || *n < 0 || static_cast<size_t>(*n) != size) return false;
+      if (!ReadExact(out + i * size, size) || !ReadExact(crlf_, 2)) return false;
+    }
+    return true;
   }
 
  private:
@@ -178,22 +195,33 @@ int FreePort() {
 
 // --- raw O_DIRECT reads of one file on the SSD tier's disk -------------------------------------
 
-double RawDirectReadGBps(const std::string& dir, uint64_t size, int clients, int ops) {
+// `streams` threads each pread() `per_stream` blocks of `size` with O_DIRECT: as many reads in
+// flight as the store's SSD hits have (clients x blocks per batch), so the ratio compares the
+// store with the disk at the same queue depth.
+double RawDirectReadGBps(const std::string& dir, uint64_t size, int streams, int per_stream) {
   const std::string path = dir + "/raw-read.dat";
-  const uint64_t file_bytes = size * ops;
+  const uint64_t blocks = uint64_t(streams) * per_stream;
   {
+    const int wfd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    if (wfd < 0) return 0;
     std::string chunk(size, 'r');
-    std::ofstream out(path, std::ios::binary);
-    for (int i = 0; i < ops; ++i) out.write(chunk.data(), chunk.size());
+    for (uint64_t i = 0; i < blocks; ++i) {
+      if (write(wfd, chunk.data(), chunk.size()) != static_cast<ssize_t>(size)) break;
+    }
+    fsync(wfd);
+    close(wfd);
   }
   const int fd = open(path.c_str(), O_RDONLY | O_DIRECT);
   if (fd < 0) return 0;
-  posix_fadvise(fd, 0, file_bytes, POSIX_FADV_DONTNEED);
-  Result r = RunClients(clients, ops, [&](int c, int i) {
-    thread_local std::unique_ptr<char, decltype(&std::free)> buf(
-        static_cast<char*>(std::aligned_alloc(4096, size)), &std::free);
-    const uint64_t off = uint64_t((i + c * 7) % ops) * size;
-    return pread(fd, buf.get(), size, off) == static_cast<ssize_t>(size);
+  posix_fadvise(fd, 0, blocks * size, POSIX_FADV_DONTNEED);
+  std::vector<std::unique_ptr<char, decltype(&std::free)>> bufs;
+  for (int t = 0; t < streams; ++t) {
+    bufs.emplace_back(static_cast<char*>(std::aligned_alloc(4096, size)), &std::free);
+    std::memset(bufs.back().get(), 0, size);
+  }
+  Result r = RunClients(streams, per_stream, [&](int c, int i) {
+    const uint64_t off = (uint64_t(c) * per_stream + i) * size;
+    return pread(fd, bufs[c].get(), size, off) == static_cast<ssize_t>(size);
   });
   close(fd);
   std::filesystem::remove(path);
@@ -210,13 +238,18 @@ void RegisterBenchStoreCommand(CLI::App& app) {
     std::vector<std::string> sizes = {"64KiB", "1MiB", "4MiB"};
     int clients = 4;
     int ops = 64;
+    int batch = 8;
     std::string dir;
     std::string json;
   };
   auto f = std::make_shared<Flags>();
   cmd->add_option("--sizes", f->sizes, "Block sizes")->delimiter(',');
   cmd->add_option("--clients", f->clients, "Concurrent clients");
-  cmd->add_option("--ops", f->ops, "Operations per client per case");
+  cmd->add_option("--ops", f->ops, "Blocks per client per case (rounded down to whole batches)");
+  cmd->add_option("--batch", f->batch,
+                  "Blocks per operation: one Reserve+Commit or Lookup+Release and one transfer "
+                  "batch (Redis: one pipeline of as many SET/GET)")
+      ->check(CLI::Range(1, 1024));
   cmd->add_option("--dir", f->dir, "Where the SSD tier lives (default: a temp dir)");
   cmd->add_option("--json", f->json, "Write results and `ratios` to this file");
   cmd->callback([f] {
@@ -227,18 +260,22 @@ void RegisterBenchStoreCommand(CLI::App& app) {
       sizes.push_back(*b);
     }
     const uint64_t max_size = *std::max_element(sizes.begin(), sizes.end());
+    const int batch = f->batch;
+    const int batches = std::max(1, f->ops / batch);  // operations per client per case
+    const int nblocks = batches * batch;              // blocks per client per case
     const std::string dir = f->dir.empty() ? StrCat(std::filesystem::temp_directory_path().string(),
                                                     "/strata-bench-store-", getpid())
                                            : f->dir;
     std::filesystem::create_directories(dir);
     const uint64_t slot = (max_size + 4095) / 4096 * 4096;
-    const uint64_t blocks = uint64_t(f->clients) * f->ops * 2 + 16;
+    const uint64_t blocks = uint64_t(f->clients) * nblocks * 2 + batch + 16;
 
     cache::CacheServerOptions o;
     o.store.data_dir = dir + "/data";
     o.store.slot_bytes = slot;
     o.store.dram_capacity_bytes = blocks * slot;
     o.store.ssd_capacity_bytes = blocks * slot;
+    o.store.dram_prefault = true;  // as `strata cache` does by default
     o.store.ssd_slots_per_file = 64;
     o.store.write_policy = cache::WritePolicy::kOnEvict;
     o.host_id = "bench-host";
@@ -290,69 +327,93 @@ void RegisterBenchStoreCommand(CLI::App& app) {
         if (!peer.ok()) Fail(1, StrCat("peer: ", peer.status().message()));
         const Namespace ns = MakeNamespace({}, {}, StrCat("bench-", ++round));
         std::vector<std::vector<BlockKey>> keys(f->clients);
-        std::vector<std::string> payload(f->clients, std::string(size, '\0'));
+        // Per client: the payloads of one batch (put) and a batch-sized read buffer (get), both
+        // touched before the clock starts, as Redis's buffers are.
+        std::vector<std::string> payload(f->clients, std::string(size * batch, '\0'));
+        std::vector<std::string> readbuf(f->clients, std::string(size * batch, '\1'));
         for (int c = 0; c < f->clients; ++c) {
-          std::vector<uint32_t> tokens(uint64_t(f->ops) * 64);
+          std::vector<uint32_t> tokens(uint64_t(nblocks + batch) * 64);  // + one warm-up batch
           for (size_t t = 0; t < tokens.size(); ++t) tokens[t] = c * 1000003u + t;
           keys[c] = ComputeBlockKeys(ns, tokens);
-          for (size_t b = 0; b < size; b += 8) {
+          for (size_t b = 0; b < payload[c].size(); b += 8) {
             const uint64_t v = (b + c) * 0x9E3779B97F4A7C15ull;
-            std::memcpy(payload[c].data() + b, &v, std::min<size_t>(8, size - b));
+            std::memcpy(payload[c].data() + b, &v, std::min<size_t>(8, payload[c].size() - b));
           }
         }
-        const uint64_t checksum0 = 0;
-        (void)checksum0;
+        // Operation i of client c covers blocks [i * batch, (i + 1) * batch) of its chain.
         auto put = [&](int c, int i) {
-          std::string& data = payload[c];
-          std::memcpy(data.data(), &i, sizeof(i));  // every block distinct
+          char* data = payload[c].data();
           v1::ReserveRequest req;
           req.set_namespace_id(std::string(ns.View()));
-          auto* b = req.add_blocks();
-          b->set_key(std::string(keys[c][i].View()));
-          if (i > 0) b->set_parent_key(std::string(keys[c][i - 1].View()));
-          b->set_payload_bytes(size);
+          for (int j = 0; j < batch; ++j) {
+            const int k = i * batch + j;
+            std::memcpy(data + size_t(j) * size, &k, sizeof(k));  // every block distinct
+            auto* b = req.add_blocks();
+            b->set_key(std::string(keys[c][k].View()));
+            if (k > 0) b->set_parent_key(std::string(keys[c][k - 1].View()));
+            b->set_payload_bytes(size);
+          }
           grpc::ClientContext rctx;
           v1::ReserveResponse resp;
-          if (!control->Reserve(&rctx, req, &resp).ok() || resp.slots(0).status().code() != 0) {
-            return false;
+          if (!control->Reserve(&rctx, req, &resp).ok()) return false;
+          std::vector<transfer::TransferOp> ops;
+          for (int j = 0; j < batch; ++j) {
+            if (resp.slots(j).status().code() != 0) return false;
+            const auto& loc = resp.slots(j).location();
+            ops.push_back({.op = transfer::OpKind::kWrite,
+                           .local = data + size_t(j) * size,
+                           .segment = loc.segment(),
+                           .offset = loc.offset(),
+                           .length = size,
+                           .capability = loc.capability()});
           }
-          const auto& loc = resp.slots(0).location();
-          auto batch = (*engine)->Submit(**peer, {{.op = transfer::OpKind::kWrite,
-                                                   .local = data.data(),
-                                                   .segment = loc.segment(),
-                                                   .offset = loc.offset(),
-                                                   .length = size,
-                                                   .capability = loc.capability()}});
-          if (!batch->Wait(absl::Seconds(30)) || !batch->FirstError().ok()) return false;
+          auto tb = (*engine)->Submit(**peer, std::move(ops));
+          if (!tb->Wait(absl::Seconds(30)) || !tb->FirstError().ok()) return false;
           v1::CommitRequest commit;
           commit.set_lease_id(resp.lease().lease_id());
-          auto* cb = commit.add_blocks();
-          cb->set_key(std::string(keys[c][i].View()));
-          cb->set_checksum(Checksum64(data));
+          for (int j = 0; j < batch; ++j) {
+            auto* cb = commit.add_blocks();
+            cb->set_key(std::string(keys[c][i * batch + j].View()));
+            cb->set_checksum(Checksum64(data + size_t(j) * size, size));
+          }
           grpc::ClientContext mctx;
           v1::CommitResponse mresp;
-          return control->Commit(&mctx, commit, &mresp).ok() && mresp.results(0).code() == 0;
+          if (!control->Commit(&mctx, commit, &mresp).ok()) return false;
+          for (const auto& r : mresp.results()) {
+            if (r.code() != 0) return false;
+          }
+          return true;
         };
         auto get = [&](int c, int i) {
-          thread_local std::string buf;
-          buf.resize(size);
+          char* buf = readbuf[c].data();
           v1::LookupRequest req;
           req.set_namespace_id(std::string(ns.View()));
-          req.add_keys(std::string(keys[c][i].View()));
+          for (int j = 0; j < batch; ++j) {
+            req.add_keys(std::string(keys[c][i * batch + j].View()));
+          }
           req.set_lease(true);
           req.set_promote(true);
           grpc::ClientContext lctx;
           v1::LookupResponse resp;
-          if (!control->Lookup(&lctx, req, &resp).ok() || resp.hit_blocks() != 1) return false;
-          const auto& loc = resp.locations(0);
-          auto batch = (*engine)->Submit(**peer, {{.op = transfer::OpKind::kRead,
-                                                   .local = buf.data(),
-                                                   .segment = loc.segment(),
-                                                   .offset = loc.offset(),
-                                                   .length = size,
-                                                   .capability = loc.capability()}});
-          const bool ok = batch->Wait(absl::Seconds(30)) && batch->FirstError().ok() &&
-                          Checksum64(buf) == loc.checksum();
+          if (!control->Lookup(&lctx, req, &resp).ok() ||
+              resp.hit_blocks() != static_cast<uint32_t>(batch)) {
+            return false;
+          }
+          std::vector<transfer::TransferOp> ops;
+          for (int j = 0; j < batch; ++j) {
+            const auto& loc = resp.locations(j);
+            ops.push_back({.op = transfer::OpKind::kRead,
+                           .local = buf + size_t(j) * size,
+                           .segment = loc.segment(),
+                           .offset = loc.offset(),
+                           .length = size,
+                           .capability = loc.capability()});
+          }
+          auto tb = (*engine)->Submit(**peer, std::move(ops));
+          bool ok = tb->Wait(absl::Seconds(30)) && tb->FirstError().ok();
+          for (int j = 0; ok && j < batch; ++j) {
+            ok = Checksum64(buf + size_t(j) * size, size) == resp.locations(j).checksum();
+          }
           grpc::ClientContext relctx;
           v1::ReleaseRequest rel;
           rel.set_lease_id(resp.lease().lease_id());
@@ -367,55 +428,75 @@ void RegisterBenchStoreCommand(CLI::App& app) {
           r.tier = std::move(tier);
           r.size = size;
           r.clients = f->clients;
+          r.batch = batch;
           results.push_back(r);
         };
-        add(RunClients(f->clients, f->ops, put), "put", "dram");
-        add(RunClients(f->clients, f->ops, get), "get", "dram");
+        // Untimed warm-up batch: opens the data path (the shm transport maps the arena).
+        if (!put(0, batches)) Fail(1, "bench store: warm-up put failed");
+        add(RunClients(f->clients, batches, put), "put", "dram");
+        add(RunClients(f->clients, batches, get), "get", "dram");
         // SSD hits: everything leaves DRAM for SSD, then each get promotes (checksum-verified).
         v1::DrainResponse dresp;
         if (!server.store().Drain({}, &dresp).ok()) Fail(1, "drain failed");
-        add(RunClients(f->clients, f->ops, get), "get", "ssd");
+        add(RunClients(f->clients, batches, get), "get", "ssd");
         v1::EvictRequest ev;
         ev.mutable_selector()->set_all(true);
         v1::EvictResponse eresp;
         (void)server.store().Evict(ev, &eresp);
       }
-      // Redis, same sizes and clients.
+      // Redis, same sizes, clients and batching (pipelined SET/GET).
       std::vector<std::unique_ptr<Redis>> conns;
       for (int c = 0; c < f->clients; ++c) conns.push_back(std::make_unique<Redis>(redis_port));
       std::string value(size, 'v');
-      auto add_redis = [&](Result r, std::string op) {
-        r.system = "redis";
-        r.op = std::move(op);
-        r.transport = "tcp";
-        r.tier = "dram";
-        r.size = size;
-        r.clients = f->clients;
-        results.push_back(r);
-      };
-      add_redis(RunClients(f->clients, f->ops,
-                           [&](int c, int i) {
-                             return conns[c]->Set(StrCat("k", c, "-", i, "-", size), value);
-                           }),
-                "put");
-      add_redis(RunClients(f->clients, f->ops,
-                           [&](int c, int i) {
-                             thread_local std::string buf;
-                             buf.resize(size);
-                             return conns[c]->Get(StrCat("k", c, "-", i, "-", size), &buf) &&
-                                    Checksum64(buf) == Checksum64(value);
-                           }),
-                "get");
+      const uint64_t value_sum = Checksum64(value);
+      std::vector<std::string> rbuf(f->clients, std::string(size * batch, '\1'));
+      // Redis both ways: one command per round trip and pipelines of `batch` (large pipelines can
+      // be slower for Redis with big values); the ratios use whichever is faster.
+      std::vector<int> redis_batches = {1};
+      if (batch > 1) redis_batches.push_back(batch);
+      for (const int rb : redis_batches) {
+        auto redis_keys = [&](int c, int i) {
+          std::vector<std::string> k;
+          for (int j = 0; j < rb; ++j) k.push_back(StrCat("k", c, "-", i * rb + j, "-", size));
+          return k;
+        };
+        auto add_redis = [&](Result r, std::string op) {
+          r.system = "redis";
+          r.op = std::move(op);
+          r.transport = "tcp";
+          r.tier = "dram";
+          r.size = size;
+          r.clients = f->clients;
+          r.batch = rb;
+          results.push_back(r);
+        };
+        const int rops = nblocks / rb;
+        add_redis(
+            RunClients(f->clients, rops,
+                       [&](int c, int i) { return conns[c]->SetMany(redis_keys(c, i), value); }),
+            "put");
+        add_redis(RunClients(f->clients, rops,
+                             [&](int c, int i) {
+                               char* buf = rbuf[c].data();
+                               if (!conns[c]->GetMany(redis_keys(c, i), buf, size)) return false;
+                               for (int j = 0; j < rb; ++j) {
+                                 if (Checksum64(buf + size_t(j) * size, size) != value_sum) {
+                                   return false;
+                                 }
+                               }
+                               return true;
+                             }),
+                  "get");
+      }
       Result raw;
       raw.system = "raw_odirect";
       raw.op = "read";
       raw.transport = "-";
       raw.tier = "ssd";
       raw.size = size;
-      raw.clients = f->clients;
-      raw.ops = 1;
+      raw.clients = f->clients * batch;
       raw.seconds = 1;
-      const double gbps = RawDirectReadGBps(dir, size, f->clients, f->ops);
+      const double gbps = RawDirectReadGBps(dir, size, f->clients * batch, batches);
       raw.ops = static_cast<uint64_t>(gbps * 1e9 / size);
       results.push_back(raw);
     }
@@ -423,31 +504,36 @@ void RegisterBenchStoreCommand(CLI::App& app) {
     waitpid(redis, nullptr, 0);
     server.Shutdown();
 
+    // The best figure of a system for a case (Redis is measured unbatched and pipelined).
     auto find = [&](const std::string& sys, const std::string& op, const std::string& tr,
                     const std::string& tier, uint64_t size) -> double {
+      double best = 0;
       for (const auto& r : results) {
         if (r.system == sys && r.op == op && r.transport == tr && r.tier == tier &&
             r.size == size) {
-          return r.gbps();
+          best = std::max(best, r.gbps());
         }
       }
-      return 0;
+      return best;
     };
-    std::cout << absl::StrFormat("%-12s %-5s %-5s %-5s %9s %8s %10s %9s %9s %9s\n", "SYSTEM", "OP",
-                                 "VIA", "TIER", "SIZE", "CLIENTS", "OPS/S", "GB/S", "P50_US",
-                                 "P99_US");
+    std::cout << absl::StrFormat("%-12s %-5s %-5s %-5s %9s %8s %6s %10s %9s %9s %9s\n", "SYSTEM",
+                                 "OP", "VIA", "TIER", "SIZE", "CLIENTS", "BATCH", "BLOCKS/S",
+                                 "GB/S", "P50_US", "P99_US");
     nlohmann::json j;
     for (const auto& r : results) {
-      std::cout << absl::StrFormat("%-12s %-5s %-5s %-5s %9s %8d %10.0f %9.3f %9.1f %9.1f\n",
+      std::cout << absl::StrFormat("%-12s %-5s %-5s %-5s %9s %8d %6d %10.0f %9.3f %9.1f %9.1f\n",
                                    r.system, r.op, r.transport, r.tier, FormatBytes(r.size),
-                                   r.clients, r.ops / r.seconds, r.gbps(), r.p50_us, r.p99_us);
+                                   r.clients, r.batch, r.blocks() / r.seconds, r.gbps(), r.p50_us,
+                                   r.p99_us);
       j["results"].push_back({{"system", r.system},
                               {"op", r.op},
                               {"transport", r.transport},
                               {"tier", r.tier},
                               {"size", r.size},
                               {"clients", r.clients},
+                              {"batch", r.batch},
                               {"ops_per_s", r.ops / r.seconds},
+                              {"blocks_per_s", r.blocks() / r.seconds},
                               {"gb_per_s", r.gbps()},
                               {"p50_us", r.p50_us},
                               {"p99_us", r.p99_us}});

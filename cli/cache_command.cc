@@ -47,6 +47,7 @@ absl::StatusOr<cache::CacheServerOptions> ToServerOptions(const StrataConfig& co
   s.slot_bytes = c.slot_bytes;
   s.dram_capacity_bytes = c.dram_capacity;
   s.dram_max_bytes = c.dram_max;
+  s.dram_prefault = c.dram_prefault;
   s.dram_high_watermark = c.dram_high_watermark;
   s.dram_low_watermark = c.dram_low_watermark;
   s.ssd_dir = c.ssd_dir;

@@ -45,6 +45,8 @@ void CacheSection::Register(ConfigSchema& schema) {
   schema.AddBytes("cache.dram.capacity", &dram_capacity, "DRAM tier capacity");
   schema.AddBytes("cache.dram.max", &dram_max,
                   "Largest DRAM capacity set-capacity may grow to; 0: the capacity");
+  schema.AddBool("cache.dram.prefault", &dram_prefault,
+                 "Back the DRAM capacity's pages at start (no page faults on the data path)");
   schema.AddDouble("cache.dram.high_watermark", &dram_high_watermark,
                    "Fraction of DRAM slots in use that starts eviction");
   schema.AddDouble("cache.dram.low_watermark", &dram_low_watermark,

@@ -47,7 +47,8 @@ struct CacheSection {
   std::string data_dir = "/var/lib/strata/cache";
   uint64_t slot_bytes = 4608ull << 10;  // 4.5 MiB: a 64-token bf16 block of a 61-layer model
   uint64_t dram_capacity = 8ull << 30;
-  uint64_t dram_max = 0;  // 0: dram capacity (the most set-capacity may grow it to)
+  uint64_t dram_max = 0;      // 0: dram capacity (the most set-capacity may grow it to)
+  bool dram_prefault = true;  // back the capacity's pages at start (no faults on the data path)
   double dram_high_watermark = 0.95;
   double dram_low_watermark = 0.85;
   std::string ssd_dir;        // empty: <data_dir>/ssd

@@ -60,6 +60,19 @@ TEST(AdminCliTest, CommandsTablesJsonAndExitCodes) {
   EXPECT_EQ(Strata(base + "verify").code, 0);
   EXPECT_EQ(Strata(base + "flush").code, 0);
   EXPECT_EQ(Strata(base + "drain").code, 0);
+  {
+    // drain --to another cache server (a live one with a data plane), and never into itself.
+    Daemon other(dir + "/data-other", token,
+                 {"cache.server_id=cache-other", "cache.transfer_listen=127.0.0.1:0"});
+    other.Start();
+    if (HasFatalFailure()) return;
+    r = Strata(base + "--json drain --to " + other.address());
+    EXPECT_EQ(r.code, 0) << r.out;
+    r = Strata(base + "drain --to " + daemon.address());
+    EXPECT_EQ(r.code, 2) << r.out;  // the target is this server: invalid argument
+    r = Strata(base + "drain --to 127.0.0.1:1");
+    EXPECT_NE(r.code, 0) << r.out;  // nobody there: nothing moved, an error
+  }
   EXPECT_EQ(Strata(base + "pin --all").code, 0);
   EXPECT_EQ(Strata(base + "unpin --all").code, 0);
   r = Strata(base + "--json evict --all");

@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "common/checksum.h"
+#include "common/metrics.h"
 #include "strata/v1/cache.grpc.pb.h"
 #include "strata/v1/cache_admin.grpc.pb.h"
 #include "tests/cache_service/store_test_util.h"
@@ -22,6 +23,22 @@ using testing_util::Ns;
 using testing_util::Payload;
 
 constexpr size_t kBytes = 10000;
+
+// The value of one series of the process's /metrics text (0 when absent): `name{labels}`, the
+// labels given as they are rendered, e.g. `tier="dram"`.
+double MetricValue(const std::string& name, const std::vector<std::string>& labels) {
+  const std::string text = MetricsRegistry::Default().RenderPrometheus();
+  size_t pos = 0;
+  while ((pos = text.find(name + "{", pos)) != std::string::npos) {
+    const size_t end = text.find('\n', pos);
+    const std::string line = text.substr(pos, end - pos);
+    pos = end;
+    bool all = true;
+    for (const auto& l : labels) all = all && line.find(l) != std::string::npos;
+    if (all) return std::stod(line.substr(line.rfind(' ') + 1));
+  }
+  return 0;
+}
 
 class CacheServerTest : public ::testing::Test {
  protected:
@@ -293,6 +310,89 @@ TEST_F(CacheServerTest, DataPathThroughTheTransferEngine) {
     v1::ReleaseResponse relresp;
     EXPECT_TRUE(control_->Release(&relctx, rel, &relresp).ok());
   }
+}
+
+// /metrics counts payload bytes per transport (the one Connect chose for the client) and per tier,
+// and hits per tier.
+TEST_F(CacheServerTest, MetricsCountBytesPerTransportAndTier) {
+  grpc::ClientContext cctx;
+  v1::ConnectRequest creq;
+  creq.set_client_id("metrics-client");
+  creq.set_host_id("host-1");  // same host: shm
+  v1::ConnectResponse cresp;
+  ASSERT_TRUE(control_->Connect(&cctx, creq, &cresp).ok());
+  ASSERT_EQ(cresp.chosen_transport(), v1::TRANSPORT_SHM);
+  const double shm_in =
+      MetricValue("strata_cache_transport_bytes_total", {"transport=\"shm\"", "direction=\"in\""});
+  const double shm_out =
+      MetricValue("strata_cache_transport_bytes_total", {"transport=\"shm\"", "direction=\"out\""});
+  const double dram_in =
+      MetricValue("strata_cache_tier_bytes_total", {"tier=\"dram\"", "direction=\"in\""});
+  const double dram_out =
+      MetricValue("strata_cache_tier_bytes_total", {"tier=\"dram\"", "direction=\"out\""});
+  const double dram_hits = MetricValue("strata_cache_hits_total", {"tier=\"dram\""});
+
+  const Namespace ns = Ns("metrics");
+  const auto keys = Chain(ns, 2, 9);
+  v1::ReserveRequest rreq;
+  rreq.set_client_id("metrics-client");
+  rreq.set_namespace_id(std::string(ns.View()));
+  for (size_t i = 0; i < keys.size(); ++i) {
+    auto* b = rreq.add_blocks();
+    b->set_key(std::string(keys[i].View()));
+    if (i > 0) b->set_parent_key(std::string(keys[i - 1].View()));
+    b->set_payload_bytes(kBytes);
+  }
+  grpc::ClientContext rctx;
+  v1::ReserveResponse rresp;
+  ASSERT_TRUE(control_->Reserve(&rctx, rreq, &rresp).ok());
+  v1::CommitRequest commit;
+  commit.set_lease_id(rresp.lease().lease_id());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    ASSERT_EQ(rresp.slots(i).status().code(), 0);
+    const std::string data = Payload(keys[i], kBytes);
+    std::memcpy(server_->store().dram().base() + rresp.slots(i).location().offset(), data.data(),
+                kBytes);
+    auto* c = commit.add_blocks();
+    c->set_key(std::string(keys[i].View()));
+    c->set_checksum(Checksum64(data));
+  }
+  grpc::ClientContext mctx;
+  v1::CommitResponse mresp;
+  ASSERT_TRUE(control_->Commit(&mctx, commit, &mresp).ok());
+  grpc::ClientContext lctx;
+  v1::LookupRequest lreq;
+  lreq.set_client_id("metrics-client");
+  lreq.set_namespace_id(std::string(ns.View()));
+  for (const auto& k : keys) lreq.add_keys(std::string(k.View()));
+  lreq.set_lease(true);
+  v1::LookupResponse lresp;
+  ASSERT_TRUE(control_->Lookup(&lctx, lreq, &lresp).ok());
+  ASSERT_EQ(lresp.hit_blocks(), 2u);
+  grpc::ClientContext relctx;
+  v1::ReleaseRequest rel;
+  rel.set_lease_id(lresp.lease().lease_id());
+  v1::ReleaseResponse relresp;
+  ASSERT_TRUE(control_->Release(&relctx, rel, &relresp).ok());
+
+  EXPECT_EQ(
+      MetricValue("strata_cache_transport_bytes_total", {"transport=\"shm\"", "direction=\"in\""}) -
+          shm_in,
+      2.0 * kBytes);
+  EXPECT_EQ(MetricValue("strata_cache_transport_bytes_total",
+                        {"transport=\"shm\"", "direction=\"out\""}) -
+                shm_out,
+            2.0 * kBytes);
+  EXPECT_EQ(
+      MetricValue("strata_cache_tier_bytes_total", {"tier=\"dram\"", "direction=\"in\""}) - dram_in,
+      2.0 * kBytes);
+  EXPECT_EQ(MetricValue("strata_cache_tier_bytes_total", {"tier=\"dram\"", "direction=\"out\""}) -
+                dram_out,
+            2.0 * kBytes);
+  EXPECT_EQ(MetricValue("strata_cache_hits_total", {"tier=\"dram\""}) - dram_hits, 2.0);
+  // The write-through copy counts as bytes into the SSD tier.
+  EXPECT_GE(MetricValue("strata_cache_tier_bytes_total", {"tier=\"ssd\"", "direction=\"in\""}),
+            2.0 * kBytes);
 }
 
 }  // namespace
