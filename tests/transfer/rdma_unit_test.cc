@@ -161,6 +161,22 @@ TEST(MrCacheTest, WidensToTheEnclosingSegment) {
   EXPECT_EQ(reg.calls, 1);  // one registration served all 16 blocks
 }
 
+TEST(MrCacheTest, BuffersOutsideKnownRegionsAreRegisteredPerRequestOnly) {
+  Registrar reg;
+  MrCache cache(reg.fn(), {}, [](void* addr, uint64_t) -> std::pair<void*, uint64_t> {
+    return {nullptr, 0};  // not inside any segment
+  });
+  auto a = cache.Get(At(0x10000), 4096, kLocalWrite);
+  ASSERT_TRUE(a.ok());
+  EXPECT_EQ(reg.live, 1);
+  a->reset();  // the request is done: deregistered at once, nothing stale stays cached
+  EXPECT_EQ(reg.live, 0);
+  ASSERT_TRUE(cache.Get(At(0x10000), 4096, kLocalWrite).ok());
+  EXPECT_EQ(reg.calls, 2);
+  EXPECT_EQ(cache.stats().entries, 0u);
+  EXPECT_EQ(cache.stats().uncached, 2);
+}
+
 TEST(MrCacheTest, BoundedByEntriesAndBytesLeastRecentlyUsedFirst) {
   Registrar reg;
   MrCache cache(reg.fn(), {.max_entries = 3, .max_bytes = 1 << 20});

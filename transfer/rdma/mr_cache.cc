@@ -37,12 +37,14 @@ absl::StatusOr<std::shared_ptr<MemoryRegion>> MrCache::Get(void* addr, uint64_t 
     ++stats_.misses;
   }
   uint64_t lo = start, hi = start + length;
+  bool cacheable = !widen_;
   if (widen_) {
     auto [wa, wl] = widen_(addr, length);
     const uint64_t wlo = reinterpret_cast<uint64_t>(wa);
     if (wa != nullptr && wlo <= lo && wlo + wl >= hi) {
       lo = wlo;
       hi = wlo + wl;
+      cacheable = true;
     }
   }
   const uint64_t page = options_.page_size;
@@ -51,6 +53,10 @@ absl::StatusOr<std::shared_ptr<MemoryRegion>> MrCache::Get(void* addr, uint64_t 
   auto mr = register_(reinterpret_cast<void*>(lo), hi - lo, access);
   if (!mr.ok()) return mr.status();
   std::lock_guard<std::mutex> lock(mu_);
+  if (!cacheable) {
+    ++stats_.uncached;
+    return *mr;
+  }
   entries_.push_back({*mr, access, ++tick_});
   bytes_ += (*mr)->length();
   EvictLocked();

@@ -4,10 +4,17 @@
 // Get(addr, len, access) returns a cached region that covers [addr, addr + len) with at least
 // `access`, or registers a new one over the page-rounded range (or over the wider range
 // `widen` suggests, e.g. the whole local segment that contains the buffer, so one registration
-// serves every block of it). The cache is bounded by entries and bytes: least recently used
-// entries are dropped first. Dropping or invalidating an entry only drops the cache's
-// reference: a request that still holds the std::shared_ptr keeps the region registered until
-// it completes, so the NIC never loses a region under an in-flight work request.
+// serves every block of it).
+//
+// With a `widen` function, only ranges it places inside a known region (a registered segment,
+// whose end Invalidate learns about) are cached; any other buffer is registered for the one
+// request and deregistered when the request drops it. Caching arbitrary caller buffers would be
+// unsafe: after free() and a new mmap at the same address a cached registration still points at
+// the old physical pages (pinned), and the NIC/GPU would silently move the wrong bytes. The cache
+// is bounded by entries and bytes: least recently used entries are dropped first. Dropping or
+// invalidating an entry only drops the cache's reference: a request that still holds the
+// std::shared_ptr keeps the region registered until it completes, so the NIC never loses a region
+// under an in-flight work request.
 //
 // Invalidate(addr, len) drops every entry overlapping the range: call it when a segment is
 // unregistered or a buffer freed, so a later buffer at the same address is registered afresh
@@ -39,6 +46,7 @@ struct MrCacheStats {
   int64_t misses = 0;
   int64_t evictions = 0;
   int64_t invalidations = 0;
+  int64_t uncached = 0;  // one-request registrations (buffers outside every known region)
   size_t entries = 0;
   uint64_t bytes = 0;
 };
