@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <algorithm>
 #include <deque>
@@ -465,6 +466,12 @@ class TcpChannel : public Channel {
   // Never above what is still to come on this connection for the current payload: the socket
   // must become readable once the payload is complete even if nothing follows it.
   static void SetLowat(Conn& c, uint64_t remaining) {
+    // STRATA_TCP_RCVLOWAT=0 turns this off (diagnostics: A/B in `strata bench transfer`).
+    static const bool enabled = [] {
+      const char* v = std::getenv("STRATA_TCP_RCVLOWAT");
+      return v == nullptr || std::string_view(v) != "0";
+    }();
+    if (!enabled) return;
     const int want = static_cast<int>(std::clamp<uint64_t>(remaining, 1, kMaxLowat));
     if (want == c.lowat) return;
     if (setsockopt(c.fd, SOL_SOCKET, SO_RCVLOWAT, &want, sizeof(want)) == 0) c.lowat = want;
