@@ -147,5 +147,24 @@ TEST(RdmaFallbackTest, MixedPeersFallBackToTcpBothWays) {
   EXPECT_GT(fabric->work_requests(), wrs);  // the bytes really went through the (fake) NIC
 }
 
+// The engine's own segments are reached through the cuda transport; without one (no GPU, or a
+// build without CUDA) opening the local peer fails with the reason instead of picking another
+// transport (no other transport serves LocalPeerSpec()).
+TEST(RdmaFallbackTest, LocalPeerNeedsTheCudaTransport) {
+  auto engine = TransferEngine::Create({.host_id = "h1", .secret = ClusterSecret("s")});
+  ASSERT_TRUE(engine.ok());
+  const auto available = (*engine)->available_transports();
+  const bool has_cuda = std::count(available.begin(), available.end(), TransportKind::kCuda) == 1;
+  auto peer = (*engine)->OpenPeer((*engine)->LocalPeerSpec());
+  if (has_cuda) {
+    ASSERT_TRUE(peer.ok()) << peer.status();
+    EXPECT_EQ((*peer)->transport(), TransportKind::kCuda);
+  } else {
+    ASSERT_FALSE(peer.ok());
+    EXPECT_NE(std::string(peer.status().message()).find("cuda:"), std::string::npos)
+        << peer.status();
+  }
+}
+
 }  // namespace
 }  // namespace strata::transfer

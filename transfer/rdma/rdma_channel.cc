@@ -102,7 +102,7 @@ class RdmaChannel : public Channel {
     ASSIGN_OR_RETURN_WITH(std::string body,
                           rdma::Call(side_fd_, rdma::MsgType::kConnectQps, rdma::Encode(hello),
                                      rdma::MsgType::kConnectQpsReply),
-                          "rdma: connecting QPs to ", peer_name_);
+                          "connecting QPs to ", peer_name_);
     ASSIGN_OR_RETURN(auto reply, rdma::DecodeConnectQpsReply(body));
     if (!reply.status.ok()) {
       return absl::UnavailableError(
@@ -222,6 +222,7 @@ class RdmaChannel : public Channel {
         spdlog::warn("rdma: reconnecting QP {} to {}: {}", i, peer_name_, st.ToString());
       } else {
         ++reconnects_;
+        last_reconnect_error_.reset();
       }
     }
   }
