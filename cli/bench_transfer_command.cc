@@ -44,7 +44,7 @@ void RegisterBenchTransferCommand(CLI::App& app) {
       "Transfer engine throughput (GB/s) and latency per transport, block size, batch "
       "size and concurrency, against memcpy and a loopback socket blast");
   struct Flags {
-    std::string transports = "shm,tcp";
+    std::string transports = "shm,tcp,cuda";
     std::string sizes = "64KiB,256KiB,1MiB,4MiB";
     std::string batches = "1,16";
     std::string concurrency = "1,4";
@@ -53,7 +53,8 @@ void RegisterBenchTransferCommand(CLI::App& app) {
     std::string json;
   };
   auto f = std::make_shared<Flags>();
-  cmd->add_option("--transports", f->transports, "Comma-separated: shm, tcp");
+  cmd->add_option("--transports", f->transports,
+                  "Comma-separated: shm, tcp, cuda (cuda: only where there is a GPU)");
   cmd->add_option("--sizes", f->sizes, "Block sizes (e.g. 64KiB,1MiB)");
   cmd->add_option("--batch", f->batches, "Batch sizes");
   cmd->add_option("--concurrency", f->concurrency, "Submitting threads");

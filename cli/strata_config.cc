@@ -28,6 +28,42 @@ void ClusterSection::Register(ConfigSchema& schema) {
                    "File with the bearer token for admin calls; empty refuses admin calls");
 }
 
+void TransferSection::Register(ConfigSchema& schema) {
+  schema.AddEnum("transfer.transport", &transport, {"auto", "shm", "tcp", "rdma", "cuda"},
+                 "Transport for every peer; auto: shm on the same host, else rdma when both ends "
+                 "have a device, else tcp");
+  schema.AddInt("transfer.tcp.connections_per_peer", &tcp_connections_per_peer,
+                "TCP connections the tcp transport opens to each peer", 1, 64);
+  schema.AddBool("transfer.rdma.enable", &rdma_enable,
+                 "Use RDMA (ibverbs) when this host has an active RDMA port");
+  schema.AddInt("transfer.rdma.qps_per_peer", &rdma_qps_per_peer,
+                "RC queue pairs the rdma transport opens to each peer", 1, 64);
+  schema.AddBool("transfer.cuda.enable", &cuda_enable,
+                 "Use the cuda transport for host<->GPU copies when a GPU is present");
+  schema.AddDuration("transfer.connect_timeout", &connect_timeout,
+                     "Longest wait to connect (and authenticate) to a peer");
+  schema.AddDuration("transfer.request_timeout", &request_timeout,
+                     "Deadline of each batch of block transfers");
+}
+
+absl::StatusOr<transfer::EngineOptions> TransferSection::ToEngineOptions(
+    std::string host_id, transfer::ClusterSecret secret) const {
+  transfer::EngineOptions o;
+  o.host_id = std::move(host_id);
+  o.secret = std::move(secret);
+  if (transport != "auto") {
+    auto kind = transfer::ParseTransportKind(transport);
+    if (!kind.ok()) return kind.status();
+    o.force_transport = *kind;
+  }
+  o.tcp_connections_per_peer = static_cast<int>(tcp_connections_per_peer);
+  o.enable_rdma = rdma_enable;
+  o.rdma_qps_per_peer = static_cast<int>(rdma_qps_per_peer);
+  o.enable_cuda = cuda_enable;
+  o.connect_timeout = connect_timeout;
+  return o;
+}
+
 void CacheSection::Register(ConfigSchema& schema) {
   schema.AddString("cache.listen", &listen, "gRPC address of the cache server (host:port)");
   schema.AddString("cache.http_listen", &http_listen,
@@ -130,6 +166,7 @@ void SchedulerSection::Register(ConfigSchema& schema) {
 void StrataConfig::Register(ConfigSchema& schema) {
   log.Register(schema);
   cluster.Register(schema);
+  transfer.Register(schema);
   cache.Register(schema);
   worker.Register(schema);
   scheduler.Register(schema);

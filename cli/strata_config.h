@@ -10,9 +10,11 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/config.h"
 #include "common/logging.h"
+#include "transfer/transfer_engine.h"
 
 namespace strata {
 
@@ -122,9 +124,28 @@ struct UpSection {
   void Register(ConfigSchema& schema);
 };
 
+// `transfer.*`: the transfer engine of every process that moves KV blocks (workers' cache
+// clients, the cache server's TransferServer, benchmarks). ToEngineOptions() fills
+// transfer::EngineOptions (host_id and secret come from the caller's own section).
+struct TransferSection {
+  std::string transport = "auto";  // auto | shm | tcp | rdma | cuda
+  int64_t tcp_connections_per_peer = 4;
+  bool rdma_enable = true;
+  int64_t rdma_qps_per_peer = 4;
+  bool cuda_enable = true;
+  absl::Duration connect_timeout = absl::Seconds(5);
+  absl::Duration request_timeout = absl::Seconds(10);
+
+  void Register(ConfigSchema& schema);
+  // InvalidArgument for an unknown transport name (the schema's enum already refuses one).
+  absl::StatusOr<transfer::EngineOptions> ToEngineOptions(std::string host_id,
+                                                          transfer::ClusterSecret secret) const;
+};
+
 struct StrataConfig {
   LogSection log;
   ClusterSection cluster;
+  TransferSection transfer;
   CacheSection cache;
   WorkerSection worker;
   SchedulerSection scheduler;

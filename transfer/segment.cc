@@ -85,11 +85,47 @@ absl::Status SegmentRegistry::Register(Segment segment) {
 }
 
 absl::Status SegmentRegistry::Unregister(std::string_view name) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (segments_.erase(std::string(name)) == 0) {
-    return absl::NotFoundError(StrCat("no segment ", name));
+  std::shared_ptr<const Segment> removed;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = segments_.find(std::string(name));
+    if (it == segments_.end()) return absl::NotFoundError(StrCat("no segment ", name));
+    removed = std::move(it->second);
+    segments_.erase(it);
   }
+  std::vector<std::function<void(const Segment&)>> listeners;
+  {
+    std::lock_guard<std::mutex> lock(listeners_mu_);
+    for (const auto& [id, fn] : listeners_) listeners.push_back(fn);
+  }
+  for (const auto& fn : listeners) fn(*removed);
   return absl::OkStatus();
+}
+
+std::shared_ptr<const Segment> SegmentRegistry::FindContaining(const void* addr,
+                                                               uint64_t length) const {
+  const auto lo = reinterpret_cast<uintptr_t>(addr);
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& [name, s] : segments_) {
+    const auto base = reinterpret_cast<uintptr_t>(s->base);
+    if (s->kind == MemoryKind::kHost && base <= lo && lo - base <= s->size &&
+        length <= s->size - (lo - base)) {
+      return s;
+    }
+  }
+  return nullptr;
+}
+
+int SegmentRegistry::AddUnregisterListener(std::function<void(const Segment&)> fn) const {
+  std::lock_guard<std::mutex> lock(listeners_mu_);
+  const int id = next_listener_++;
+  listeners_.emplace_back(id, std::move(fn));
+  return id;
+}
+
+void SegmentRegistry::RemoveUnregisterListener(int id) const {
+  std::lock_guard<std::mutex> lock(listeners_mu_);
+  std::erase_if(listeners_, [id](const auto& l) { return l.first == id; });
 }
 
 absl::StatusOr<std::shared_ptr<const Segment>> SegmentRegistry::Lookup(

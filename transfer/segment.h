@@ -22,6 +22,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -67,6 +68,8 @@ struct Segment {
   int memfd = -1;        // host segments created for sharing: the memfd; else -1
   // Keeps a memfd mapping alive while the segment or an in-flight request refers to it.
   std::shared_ptr<SharedHostMemory> owned;
+  // Keeps other owned memory alive the same way (cuda::AllocateDeviceSegment's cudaMalloc).
+  std::shared_ptr<void> owned_other;
 
   // A host segment over memory the caller owns (and must keep alive, see above).
   static Segment Host(std::string name, void* base, uint64_t size);
@@ -110,9 +113,23 @@ class SegmentRegistry {
 
   std::vector<std::shared_ptr<const Segment>> List() const;
 
+  // The host segment that contains [addr, addr + length), if any (rdma registers whole local
+  // segments rather than each block).
+  std::shared_ptr<const Segment> FindContaining(const void* addr, uint64_t length) const;
+
+  // `fn` is called with every segment Unregister removes, after the removal, without the
+  // registry's lock (rdma drops its memory registrations of it there). Returns an id for
+  // RemoveUnregisterListener. Const: a listener observes the registry, it does not change it.
+  int AddUnregisterListener(std::function<void(const Segment&)> fn) const;
+  void RemoveUnregisterListener(int id) const;
+
  private:
   mutable std::mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<const Segment>> segments_;  // guarded by mu_
+  mutable std::mutex listeners_mu_;
+  mutable std::vector<std::pair<int, std::function<void(const Segment&)>>>
+      listeners_;                  // guarded by listeners_mu_
+  mutable int next_listener_ = 1;  // guarded by listeners_mu_
 };
 
 }  // namespace strata::transfer

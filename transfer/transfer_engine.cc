@@ -6,10 +6,11 @@
 #include "common/status.h"
 #include "common/strings.h"
 #include "spdlog/spdlog.h"
+#include "transfer/rdma/rdma_transport.h"
 #include "transfer/shm/shm_transport.h"
 #include "transfer/tcp/tcp_transport.h"
-#if STRATA_WITH_RDMA
-#include "transfer/rdma/rdma_device.h"
+#if STRATA_WITH_CUDA
+#include "transfer/cuda/cuda_transport.h"
 #endif
 
 namespace strata::transfer {
@@ -100,7 +101,11 @@ struct TransferEngine::Impl {
   std::unique_ptr<Transport> shm;
   std::unique_ptr<Transport> tcp;
   std::unique_ptr<Transport> rdma;  // null: see rdma_unavailable
-  std::string rdma_unavailable = "rdma: not built (STRATA_WITH_RDMA=OFF)";
+  std::string rdma_unavailable;
+  std::unique_ptr<Transport> cuda;  // null: see cuda_unavailable
+  std::string cuda_unavailable = "cuda: not built (STRATA_WITH_CUDA=OFF)";
+  std::shared_ptr<rdma::MrCache> rdma_local_mrs;  // registrations of local buffers
+  int segment_listener = 0;
 
   struct Watched {
     absl::Time deadline;
@@ -150,6 +155,8 @@ struct TransferEngine::Impl {
         return tcp.get();
       case TransportKind::kRdma:
         return rdma.get();
+      case TransportKind::kCuda:
+        return cuda.get();
       default:
         return nullptr;
     }
@@ -160,6 +167,7 @@ TransferEngine::TransferEngine(EngineOptions options)
     : options_(std::move(options)), impl_(std::make_unique<Impl>()) {}
 
 TransferEngine::~TransferEngine() {
+  if (impl_->segment_listener != 0) segments_.RemoveUnregisterListener(impl_->segment_listener);
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
     impl_->stop = true;
@@ -178,20 +186,38 @@ absl::StatusOr<std::unique_ptr<TransferEngine>> TransferEngine::Create(EngineOpt
   impl.shm = wrap(std::make_unique<ShmTransport>(ShmTransportOptions{.secret = o.secret}));
   impl.tcp = wrap(std::make_unique<TcpTransport>(
       TcpTransportOptions{.secret = o.secret, .connections_per_peer = o.tcp_connections_per_peer}));
-#if STRATA_WITH_RDMA
   if (o.enable_rdma) {
-    auto devices = ProbeRdma();
-    if (devices.ok()) {
-      // The one-sided ibverbs data path is not wired into the engine yet (docs/transfer.md):
-      // a host with a device still uses tcp, and says so.
-      impl.rdma_unavailable = StrCat("rdma: ", devices->size(),
-                                     " device(s) found, but the ibverbs data path is not "
-                                     "enabled in this build");
+    auto ctx = o.rdma_context ? o.rdma_context() : rdma::OpenIbvContext();
+    if (ctx.ok()) {
+      RdmaTransportOptions ro{.secret = o.secret,
+                              .context = *ctx,
+                              .qps_per_peer = o.rdma_qps_per_peer,
+                              .local_segments = &engine->segments_};
+      auto transport = std::make_unique<RdmaTransport>(std::move(ro));
+      impl.rdma_local_mrs = transport->local_mrs();
+      // A local segment that goes away must not keep a registration (and its pinned pages).
+      std::weak_ptr<rdma::MrCache> mrs = impl.rdma_local_mrs;
+      impl.segment_listener = engine->segments_.AddUnregisterListener([mrs](const Segment& s) {
+        if (auto m = mrs.lock(); m && s.kind == MemoryKind::kHost) m->Invalidate(s.base, s.size);
+      });
+      spdlog::info("transfer: rdma on {} port {}", (*ctx)->port().device, (*ctx)->port().port);
+      impl.rdma = wrap(std::move(transport));
     } else {
-      impl.rdma_unavailable = std::string(ToStd(devices.status().message()));
+      impl.rdma_unavailable = std::string(ToStd(ctx.status().message()));
     }
   } else {
     impl.rdma_unavailable = "rdma: disabled by configuration";
+  }
+#if STRATA_WITH_CUDA
+  if (o.enable_cuda) {
+    auto cuda = CudaTransport::Create({.secret = o.secret, .segments = &engine->segments_});
+    if (cuda.ok()) {
+      impl.cuda = wrap(*std::move(cuda));
+    } else {
+      impl.cuda_unavailable = std::string(ToStd(cuda.status().message()));
+    }
+  } else {
+    impl.cuda_unavailable = "cuda: disabled by configuration";
   }
 #endif
   if (!impl.rdma) spdlog::info("transfer: {}; peers use tcp instead", impl.rdma_unavailable);
@@ -202,12 +228,20 @@ absl::StatusOr<std::unique_ptr<TransferEngine>> TransferEngine::Create(EngineOpt
 std::vector<TransportKind> TransferEngine::available_transports() const {
   std::vector<TransportKind> out = {TransportKind::kShm, TransportKind::kTcp};
   if (impl_->rdma) out.push_back(TransportKind::kRdma);
+  if (impl_->cuda) out.push_back(TransportKind::kCuda);
   return out;
 }
 
+PeerSpec TransferEngine::LocalPeerSpec() const {
+  return {.name = "local",
+          .host_id = options_.host_id,
+          .endpoints = {
+              {.kind = TransportKind::kCuda, .address = "local", .host_id = options_.host_id}}};
+}
+
 absl::StatusOr<std::shared_ptr<Peer>> TransferEngine::OpenPeer(const PeerSpec& peer) {
-  std::vector<TransportKind> order = {TransportKind::kShm, TransportKind::kRdma,
-                                      TransportKind::kTcp};
+  std::vector<TransportKind> order = {TransportKind::kShm, TransportKind::kCuda,
+                                      TransportKind::kRdma, TransportKind::kTcp};
   if (options_.force_transport) order = {*options_.force_transport};
   std::vector<std::string> attempts;
   bool forced_unusable = false;
@@ -225,16 +259,18 @@ absl::StatusOr<std::shared_ptr<Peer>> TransferEngine::OpenPeer(const PeerSpec& p
       forced_unusable = true;
       continue;
     }
-    if (kind == TransportKind::kShm && (peer.host_id.empty() || peer.host_id != options_.host_id)) {
-      attempts.push_back(
-          StrCat("shm: peer is on host '", peer.host_id, "', we are on '", options_.host_id, "'"));
+    if ((kind == TransportKind::kShm || kind == TransportKind::kCuda) &&
+        (peer.host_id.empty() || peer.host_id != options_.host_id)) {
+      attempts.push_back(StrCat(name, ": peer is on host '", peer.host_id, "', we are on '",
+                                options_.host_id, "'"));
       forced_unusable = true;
       continue;
     }
     Transport* transport = impl_->Get(kind);
     if (transport == nullptr) {
-      attempts.push_back(kind == TransportKind::kRdma ? impl_->rdma_unavailable
-                                                      : StrCat(name, ": not available"));
+      attempts.push_back(kind == TransportKind::kRdma   ? impl_->rdma_unavailable
+                         : kind == TransportKind::kCuda ? impl_->cuda_unavailable
+                                                        : StrCat(name, ": not available"));
       forced_unusable = true;
       continue;
     }
@@ -262,6 +298,9 @@ std::shared_ptr<Batch> TransferEngine::Submit(Peer& peer, std::vector<TransferOp
   batch->lengths_.resize(n);
   const absl::Time deadline = absl::Now() + options.timeout;
   auto checks = std::make_shared<std::vector<BatchCompleter::Check>>(n);
+  // The cuda transport checks checksums itself: a local buffer may be device memory, which
+  // this (host) code cannot hash.
+  const bool host_checks = peer.transport() != TransportKind::kCuda;
   std::vector<TransferRequest> requests;
   std::vector<size_t> request_index;  // requests[j] is ops[request_index[j]]
   std::vector<std::pair<size_t, absl::Status>> failed;
@@ -278,7 +317,7 @@ std::shared_ptr<Batch> TransferEngine::Submit(Peer& peer, std::vector<TransferOp
         continue;
       }
     }
-    (*checks)[i] = {op.op, local, op.length, op.checksum};
+    (*checks)[i] = {op.op, local, op.length, host_checks ? op.checksum : std::nullopt};
     requests.push_back({.op = op.op,
                         .local = local,
                         .segment = std::move(op.segment),

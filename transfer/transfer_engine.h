@@ -10,9 +10,10 @@
 //   for (size_t i = 0; i < batch->size(); ++i) RETURN_IF_ERROR(batch->status(i));
 //
 // Transport choice per peer (unless EngineOptions::force_transport): shm when the peer has a
-// shm endpoint and the same host_id; rdma when both sides have an RDMA device and the peer an
-// rdma endpoint; else tcp. A transport that fails to connect falls through to the next one
-// (a missing RDMA device falls back to tcp).
+// shm endpoint and the same host_id; cuda for LocalPeerSpec(); rdma when this host has an RDMA
+// device and the peer an rdma endpoint; else tcp. A transport that fails to connect falls through
+// to the next one: a missing local device, or a peer whose side channel refuses rdma, falls back to
+// tcp.
 //
 // Completion: per request status; Batch::Poll() (non-blocking), Batch::Wait(timeout), or
 // SubmitOptions::on_done (called once, from a transport or watchdog thread, after the last
@@ -43,6 +44,10 @@
 #include "transfer/transport.h"
 
 namespace strata::transfer {
+
+namespace rdma {
+class VerbsContext;
+}
 
 // One request of a batch.
 struct TransferOp {
@@ -107,6 +112,13 @@ struct EngineOptions {
   std::optional<TransportKind> force_transport;
   int tcp_connections_per_peer = 4;
   bool enable_rdma = true;  // try rdma when the build and the host have it
+  int rdma_qps_per_peer = 4;
+  // The RDMA device; unset: rdma::OpenIbvContext() (the host's first active port). Tests pass
+  // an in-process fake NIC (tests/transfer/fake_verbs.h).
+  std::function<absl::StatusOr<std::shared_ptr<rdma::VerbsContext>>()> rdma_context;
+  // cuda (CUDA builds with a GPU): host <-> device and device <-> device copies between local
+  // buffers and this engine's own segments (peer: LocalPeerSpec()).
+  bool enable_cuda = true;
   absl::Duration connect_timeout = absl::Seconds(5);
   // Tests: wraps every transport the engine creates (e.g. in a FaultInjectingTransport).
   std::function<std::unique_ptr<Transport>(std::unique_ptr<Transport>)> wrap_transport;
@@ -120,8 +132,13 @@ class TransferEngine {
   // Local segments (for TransferOp::local_segment and for a TransferServer of this process).
   SegmentRegistry& segments() { return segments_; }
 
-  // Transports this engine can use on this host (tcp and shm always; rdma when a device exists).
+  // Transports this engine can use on this host (tcp and shm always; rdma when a device exists;
+  // cuda in CUDA builds with a GPU).
   std::vector<TransportKind> available_transports() const;
+
+  // A peer spec for this process's own segments, reached through the cuda transport (copies
+  // between local buffers and local host/device segments; transfer/cuda/cuda_transport.h).
+  PeerSpec LocalPeerSpec() const;
 
   // Connects to `peer`. FailedPrecondition when a forced transport is not usable with this peer;
   // Unavailable when no transport could connect (the message lists each attempt).

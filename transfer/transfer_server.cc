@@ -13,6 +13,7 @@
 #include "common/status.h"
 #include "common/strings.h"
 #include "spdlog/spdlog.h"
+#include "transfer/rdma/rdma_transport.h"
 #include "transfer/shm/shm_transport.h"
 #include "transfer/tcp/tcp_transport.h"
 #include "transfer/wire.h"
@@ -28,6 +29,7 @@ struct TransferServer::Impl {
   std::thread tcp_acceptor;
   std::thread unix_acceptor;
   TcpServeCounters counters;
+  std::unique_ptr<RdmaResponder> rdma;  // null: no rdma on this server
   std::atomic<int64_t> shm_refused{0};
 
   std::mutex mu;
@@ -81,6 +83,8 @@ struct TransferServer::Impl {
       int one = 1;  // responses end in a partial segment: never hold it back for an ACK
       setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
       ServeTcpConnection(fd, *segments, options.secret, peer, &counters);
+    } else if (*purpose == wire::Purpose::kRdmaSideChannel && !is_unix && rdma) {
+      rdma->Serve(fd, peer, &counters);
     } else if (*purpose == wire::Purpose::kShmMap && is_unix) {
       ServeShmConnection(fd, *segments, peer, &shm_refused);
     } else {
@@ -113,6 +117,16 @@ absl::StatusOr<std::unique_ptr<TransferServer>> TransferServer::Start(
     }
     impl->unix_fd = *fd;
   }
+  if (impl->tcp_fd >= 0 && impl->options.enable_rdma) {
+    auto ctx = impl->options.rdma_context
+                   ? absl::StatusOr<std::shared_ptr<rdma::VerbsContext>>(impl->options.rdma_context)
+                   : rdma::OpenIbvContext();
+    if (ctx.ok()) {
+      impl->rdma = std::make_unique<RdmaResponder>(*ctx, segments, impl->options.secret);
+    } else {
+      spdlog::debug("transfer server: no rdma: {}", ctx.status().ToString());
+    }
+  }
   Impl* raw = impl.get();
   if (raw->tcp_fd >= 0)
     raw->tcp_acceptor = std::thread([raw] { raw->AcceptLoop(raw->tcp_fd, false); });
@@ -128,6 +142,14 @@ std::vector<Endpoint> TransferServer::endpoints() const {
     out.push_back({.kind = TransportKind::kTcp,
                    .address = impl_->tcp_bound,
                    .host_id = impl_->options.host_id});
+  }
+  if (impl_->tcp_fd >= 0 && impl_->rdma) {
+    const auto& gid = impl_->rdma->port().gid;
+    out.push_back({.kind = TransportKind::kRdma,
+                   .address = impl_->tcp_bound,
+                   .host_id = impl_->options.host_id,
+                   .rdma_gid = std::string(gid.begin(), gid.end()),
+                   .rdma_qp_count = impl_->options.rdma_qp_count});
   }
   if (impl_->unix_fd >= 0) {
     out.push_back({.kind = TransportKind::kShm,
@@ -165,6 +187,8 @@ void TransferServer::Stop() {
   }
   for (auto& t : workers) t.join();
 }
+
+bool TransferServer::has_rdma() const { return impl_->rdma != nullptr; }
 
 int64_t TransferServer::requests_served() const { return impl_->counters.served.load(); }
 int64_t TransferServer::requests_refused() const {

@@ -3,7 +3,7 @@
 //
 // It listens on
 //   - TCP ("host:port", port 0 = chosen by the OS): the tcp transport's requests (framed, see
-//     transfer/wire.h) and the rdma side channel (queue-pair exchange);
+//     transfer/wire.h) and the rdma side channel (queue-pair set-up, rkeys: rdma_transport.h);
 //   - a unix socket (when shm_socket_path is set): shm map requests, answered by passing the
 //     segment's memfd with SCM_RIGHTS.
 // Every connection starts with mutual authentication over the cluster secret. Every tcp request
@@ -27,12 +27,22 @@
 
 namespace strata::transfer {
 
+namespace rdma {
+class VerbsContext;
+}
+
 struct TransferServerOptions {
   std::string host_id;
   ClusterSecret secret;
   std::string tcp_listen = "127.0.0.1:0";  // empty: no tcp listener
   std::string shm_socket_path;             // empty: no shm listener
   absl::Duration handshake_timeout = absl::Seconds(5);
+  // rdma (needs the tcp listener, which carries the side channel): serve one-sided access with
+  // `rdma_context`, or, when unset, with rdma::OpenIbvContext(); with no device the server
+  // offers no rdma endpoint (peers use tcp). Tests pass a fake NIC.
+  bool enable_rdma = true;
+  std::shared_ptr<rdma::VerbsContext> rdma_context;
+  uint32_t rdma_qp_count = 4;  // advertised in the rdma endpoint
 };
 
 class TransferServer {
@@ -42,7 +52,8 @@ class TransferServer {
                                                                TransferServerOptions options);
   ~TransferServer();
 
-  // The endpoints peers use to reach this server (tcp with the bound port, shm when enabled).
+  // The endpoints peers use to reach this server (tcp with the bound port; shm and rdma when
+  // enabled and available).
   std::vector<Endpoint> endpoints() const;
   PeerSpec spec(std::string name) const;
 
@@ -51,6 +62,7 @@ class TransferServer {
   // Counters for tests and metrics.
   int64_t requests_served() const;
   int64_t requests_refused() const;
+  bool has_rdma() const;
 
   struct Impl;
 

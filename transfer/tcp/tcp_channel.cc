@@ -6,7 +6,9 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
+#include <algorithm>
 #include <deque>
 #include <mutex>
 #include <thread>
@@ -24,6 +26,10 @@ constexpr absl::Duration kTick = absl::Milliseconds(5);
 constexpr absl::Duration kMaxRedial = absl::Seconds(1);
 constexpr size_t kMaxIov = 64;
 constexpr size_t kScratchBytes = 256 << 10;
+// While a read payload streams in, the socket reports readable only once this many of its
+// bytes (or all that remain, if fewer) have arrived (SO_RCVLOWAT): one wakeup and one large recv
+// instead of one per arriving segment. Small enough that copying overlaps the rest arriving.
+constexpr uint64_t kMaxLowat = 512 << 10;
 
 struct Op {
   TransferRequest req;
@@ -58,6 +64,7 @@ struct Conn {
   std::string msg;
   size_t msg_got = 0;
   uint64_t payload_got = 0;
+  int lowat = 1;  // the socket's SO_RCVLOWAT
 };
 
 class TcpChannel : public Channel {
@@ -416,7 +423,11 @@ class TcpChannel : public Channel {
           break;
         case Conn::Rx::kPayload:
           c.payload_got += static_cast<uint64_t>(got);
-          if (c.payload_got == c.rh.payload_len) Finish(slot);
+          if (c.payload_got == c.rh.payload_len) {
+            Finish(slot);
+          } else {
+            SetLowat(c, c.rh.payload_len - c.payload_got);
+          }
           break;
       }
     }
@@ -445,7 +456,25 @@ class TcpChannel : public Channel {
     Conn& c = conns_[slot];
     c.payload_got = 0;
     c.rx = Conn::Rx::kPayload;
-    if (c.rh.payload_len == 0) Finish(slot);
+    if (c.rh.payload_len == 0) {
+      Finish(slot);
+    } else {
+      SetLowat(c, c.rh.payload_len);
+    }
+  }
+
+  // Never above what is still to come on this connection for the current payload: the socket
+  // must become readable once the payload is complete even if nothing follows it.
+  static void SetLowat(Conn& c, uint64_t remaining) {
+    // STRATA_TCP_RCVLOWAT=0 turns this off (diagnostics: A/B in `strata bench transfer`).
+    static const bool enabled = [] {
+      const char* v = std::getenv("STRATA_TCP_RCVLOWAT");
+      return v == nullptr || std::string_view(v) != "0";
+    }();
+    if (!enabled) return;
+    const int want = static_cast<int>(std::clamp<uint64_t>(remaining, 1, kMaxLowat));
+    if (want == c.lowat) return;
+    if (setsockopt(c.fd, SOL_SOCKET, SO_RCVLOWAT, &want, sizeof(want)) == 0) c.lowat = want;
   }
 
   void Finish(size_t slot) {
@@ -455,6 +484,7 @@ class TcpChannel : public Channel {
     c.outstanding -= op->req.length;
     c.rx = Conn::Rx::kHeader;
     c.rh_got = 0;
+    SetLowat(c, 1);  // headers are small
     if (c.rh.code == 0) {
       op->Complete(absl::OkStatus());
     } else {
