@@ -37,7 +37,9 @@ absl::Status CacheServer::Start() {
                                     &segments_, {.host_id = options_.host_id,
                                                  .secret = secret,
                                                  .tcp_listen = options_.transfer_listen,
-                                                 .shm_socket_path = options_.shm_socket_path}));
+                                                 .shm_socket_path = options_.shm_socket_path,
+                                                 .enable_rdma = options_.enable_rdma,
+                                                 .rdma_qp_count = options_.rdma_qp_count}));
   }
   CacheControlService::Options control{.server_id = options_.store.server_id,
                                        .host_id = options_.host_id,

@@ -33,6 +33,8 @@ struct CacheServerOptions {
   std::string cluster_secret;                   // empty: MACs with the empty key (dev only)
   std::string transfer_listen = "127.0.0.1:0";  // tcp (and rdma side channel); empty: off
   std::string shm_socket_path;                  // unix socket for shm mapping; empty: off
+  bool enable_rdma = true;  // serve rdma when this host has an active RDMA port (transfer.rdma.*)
+  uint32_t rdma_qp_count = 4;
 };
 
 class CacheServer {

@@ -35,6 +35,8 @@ absl::StatusOr<cache::CacheServerOptions> ToServerOptions(const StrataConfig& co
   o.digest_interval = c.digest_interval;
   o.transfer_listen = c.transfer_listen;
   o.shm_socket_path = c.shm_socket;
+  o.enable_rdma = config.transfer.rdma_enable;
+  o.rdma_qp_count = static_cast<uint32_t>(config.transfer.rdma_qps_per_peer);
   auto secret = ReadOptionalSecret(config.cluster.secret_file, "cluster secret");
   if (!secret.ok()) return secret.status();
   o.cluster_secret = *secret;

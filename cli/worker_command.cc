@@ -37,6 +37,10 @@ absl::StatusOr<worker::WorkerServerOptions> ToWorkerOptions(const StrataConfig& 
     if (!secret.ok()) return secret.status();
     o.cluster_secret = *secret;
   }
+  auto transfer = config.transfer.ToEngineOptions(o.host_id, {});  // the client sets both
+  if (!transfer.ok()) return transfer.status();
+  o.transfer = *transfer;
+  o.transfer_timeout = config.transfer.request_timeout;
   o.kv_pages = w.kv_pages;
   o.block_tokens = w.block_tokens;
   if (w.block_tokens & (w.block_tokens - 1)) {

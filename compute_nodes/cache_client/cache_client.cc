@@ -314,12 +314,17 @@ absl::StatusOr<std::unique_ptr<CacheClient>> CacheClient::Connect(CacheClientOpt
   impl->options = std::move(options);
   const CacheClientOptions& o = impl->options;
 
-  transfer::EngineOptions eo{.host_id = o.host_id,
-                             .secret = transfer::ClusterSecret(o.cluster_secret),
-                             .force_transport = o.force_transport,
-                             .enable_rdma = true,
-                             .connect_timeout = o.rpc_timeout,
-                             .wrap_transport = o.wrap_transport};
+  transfer::EngineOptions eo;
+  if (o.transfer) {
+    eo = *o.transfer;
+  } else {
+    eo.enable_rdma = true;
+    eo.connect_timeout = o.rpc_timeout;
+  }
+  eo.host_id = o.host_id;
+  eo.secret = transfer::ClusterSecret(o.cluster_secret);
+  if (o.force_transport) eo.force_transport = o.force_transport;
+  eo.wrap_transport = o.wrap_transport;
   ASSIGN_OR_RETURN(impl->engine, transfer::TransferEngine::Create(std::move(eo)));
 
   // A restarted server is found again within a few seconds (gRPC's default backoff grows to

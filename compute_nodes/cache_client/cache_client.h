@@ -50,7 +50,11 @@ struct CacheClientOptions {
   std::string client_id;       // this worker's node id (server logs, leases)
   std::string host_id;         // this host: a server with the same host id is reached over shm
   std::string cluster_secret;  // for the transfer engine's capabilities; empty in dev clusters
-  std::optional<transfer::TransportKind> force_transport;  // config `transfer.transport`
+  std::optional<transfer::TransportKind> force_transport;  // tests and benches
+  // Config `transfer.*` (StrataConfig::transfer.ToEngineOptions): transports, connections and
+  // QPs per peer, connect timeout. The client sets host_id, secret and wrap_transport itself;
+  // force_transport above, when set, wins.
+  std::optional<transfer::EngineOptions> transfer;
   // Tests: wraps every transport (fault injection, transfer/fault/fault_transport.h).
   std::function<std::unique_ptr<transfer::Transport>(std::unique_ptr<transfer::Transport>)>
       wrap_transport;

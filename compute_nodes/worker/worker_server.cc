@@ -43,7 +43,9 @@ absl::Status WorkerServer::Start() {
   cache_client::CacheClientOptions cache{.address = options_.cache_address,
                                          .client_id = options_.node_id,
                                          .host_id = options_.host_id,
-                                         .cluster_secret = options_.cluster_secret};
+                                         .cluster_secret = options_.cluster_secret,
+                                         .transfer = options_.transfer,
+                                         .transfer_timeout = options_.transfer_timeout};
   if (options_.cache_faults) {
     const transfer::FaultPolicy policy = *options_.cache_faults;
     cache.wrap_transport = [policy](std::unique_ptr<transfer::Transport> t) {

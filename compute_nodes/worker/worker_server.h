@@ -40,6 +40,9 @@ struct WorkerServerOptions {
   int64_t block_tokens = 64;
   bool kv_bf16 = true;  // round the KV pool to bf16, so cached blocks restore exactly
   WorkerCoreOptions core;
+  // Config `transfer.*` for the cache client's transfer engine (unset: its defaults).
+  std::optional<transfer::EngineOptions> transfer;
+  absl::Duration transfer_timeout = absl::Seconds(10);  // each batch of block reads or writes
   // Tests: fault injection on the cache data plane (probabilities of transfer/fault).
   std::optional<transfer::FaultPolicy> cache_faults;
 };
