@@ -21,7 +21,7 @@ class CpuEngine final : public runtime::Engine {
             runtime::KvPrecision kv_precision = runtime::KvPrecision::kF32);
 
   const model::ModelConfig& config() const override { return weights_->config; }
-  runtime::KvPool& kv_pool() override { return pool_; }
+  runtime::HostKvPool& kv_pool() override { return pool_; }
   absl::Status Forward(std::span<const runtime::SequenceInput> batch,
                        std::vector<runtime::SequenceOutput>* outputs) override;
 
@@ -37,7 +37,7 @@ class CpuEngine final : public runtime::Engine {
   void FeedForward(int64_t layer, const float* x, int64_t n, float* y);
 
   std::shared_ptr<const model::ModelWeights> weights_;
-  runtime::KvPool pool_;
+  runtime::HostKvPool pool_;
   Rope rope_;
 };
 
