@@ -3,8 +3,12 @@
 // decode), a mixed prefill + decode batch, a multi-token absorbed chunk, and cached-prefix imports
 // (CUDA → CUDA and CPU → CUDA pages as bf16 block payloads). Label gpu: skipped without a GPU.
 //
-// Pass: ‖Δ‖/‖cpu‖ of each logits row < 3e-2 (bf16 activations vs fp32: a few 1e-3 expected) and
-// argmax equal on >= 95% of rows.
+// Pass, for models without a discrete routing choice ("<preset>/dense", "<preset>/all-experts"):
+// ‖Δ‖/‖cpu‖ of every logits row < 3e-2 (bf16 activations vs fp32; ~1e-2 measured) and argmax equal
+// on >= 95% of rows. The routed presets (top-k of 8–16 experts) only need argmax equal on >= 80%
+// of rows: bf16 rounding flips some tokens' top-k choice against the fp32 reference, and such a row
+// can differ by 0.1–0.8 (docs/numerics.md; transformers' own bf16 run agrees with its fp32 run on
+// 88% of argmaxes on v2-lite-shape). Worst rows are printed either way.
 #include "compute_nodes/backend/cuda/cuda_engine.h"
 
 #include <cuda_runtime_api.h>
@@ -30,6 +34,10 @@ using runtime::SequenceOutput;
 
 constexpr double kRelTol = 3e-2;
 constexpr double kArgmaxAgree = 0.95;
+constexpr double kRoutedArgmaxAgree = 0.80;
+
+// Whether the model has a discrete top-k routing choice (a MoE preset not forced to all experts).
+bool Routed(const std::string& name) { return name.find('/') == std::string::npos; }
 
 bool HaveGpu() {
   int n = 0;
@@ -59,11 +67,11 @@ struct Compare {
       agree += Argmax(g, vocab) == Argmax(c, vocab) ? 1 : 0;
     }
   }
-  void Check(const std::string& what) const {
+  void Check(const std::string& what, bool routed = false) const {
     std::printf("%-40s rows %4ld  worst rel %.3e  argmax agree %.1f%%\n", what.c_str(),
                 static_cast<long>(rows), worst, 100.0 * agree / std::max<int64_t>(rows, 1));
-    EXPECT_LT(worst, kRelTol) << what;
-    EXPECT_GE(agree, kArgmaxAgree * rows) << what;
+    if (!routed) EXPECT_LT(worst, kRelTol) << what;
+    EXPECT_GE(agree, (routed ? kRoutedArgmaxAgree : kArgmaxAgree) * rows) << what;
   }
 };
 
@@ -157,8 +165,8 @@ TEST_P(CudaEngineTest, PrefillThenDecodeMatchesCpu) {
     decode.Add((*g)[0].logits, (*c)[0].logits, vocab);
     seq.push_back(Argmax((*c)[0].logits.data(), vocab));
   }
-  prefill.Check(GetParam() + " prefill (2 chunks)");
-  decode.Check(GetParam() + " decode (6 steps)");
+  prefill.Check(GetParam() + " prefill (2 chunks)", Routed(GetParam()));
+  decode.Check(GetParam() + " decode (6 steps)", Routed(GetParam()));
   // Step stats: weights and KV were counted.
   EXPECT_GT(e.gpu->last_step().weight_bytes, 0);
   EXPECT_EQ(e.gpu->last_step().kv_bytes,
@@ -196,7 +204,7 @@ TEST_P(CudaEngineTest, MixedBatchMatchesCpu) {
   }
   Compare cmp;
   for (int s = 0; s < 3; ++s) cmp.Add(out[1][s].logits, out[0][s].logits, vocab);
-  cmp.Check(GetParam() + " mixed batch");
+  cmp.Check(GetParam() + " mixed batch", Routed(GetParam()));
 }
 
 // A cached prefix restored from block payloads: 64 tokens computed on the GPU (or on the CPU),
@@ -240,7 +248,8 @@ TEST_P(CudaEngineTest, CachedPrefixImport) {
     ASSERT_TRUE(got.ok()) << got.status();
     Compare cmp;
     cmp.Add(got->at(0).logits, ref_suffix, vocab);
-    cmp.Check(GetParam() + (source == 0 ? " prefix from gpu" : " prefix from cpu"));
+    cmp.Check(GetParam() + (source == 0 ? " prefix from gpu" : " prefix from cpu"),
+              Routed(GetParam()));
     if (source == 0) EXPECT_LT(cmp.worst, 1e-6) << "same pages, same kernels: identical";
     runtime::ReleasePages(e.gpu->kv_pool(), warm);
     runtime::ReleasePages(from.kv_pool(), pre);
@@ -267,10 +276,14 @@ TEST_P(CudaEngineTest, BadInputIsAStatus) {
   EXPECT_FALSE(Fwd(*e.gpu, {SequenceInput{ok, 0, &p, false, AttentionForm::kAuto}}).ok());
 }
 
-INSTANTIATE_TEST_SUITE_P(Presets, CudaEngineTest, ::testing::Values("tiny", "small-v3", "small-v2"),
+INSTANTIATE_TEST_SUITE_P(Presets, CudaEngineTest,
+                         ::testing::Values("tiny", "small-v3", "small-v2", "tiny/dense",
+                                           "small-v2/dense", "small-v3/all-experts"),
                          [](const auto& info) {
                            std::string n = info.param;
-                           std::replace(n.begin(), n.end(), '-', '_');
+                           for (char& ch : n) {
+                             if (ch == '-' || ch == '/') ch = '_';
+                           }
                            return n;
                          });
 
