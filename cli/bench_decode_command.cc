@@ -53,6 +53,7 @@ void Run(const Args& a) {
   const int64_t pages_per_seq = (a.context + a.steps + 3 + 63) / 64;
   cuda::CudaEngineOptions options;
   options.num_pages = max_b * pages_per_seq;
+  if (auto st = cuda::CudaAvailable(); !st.ok()) Fail(2, StrCat("bench decode: ", st.message()));
   const auto t0 = std::chrono::steady_clock::now();
   if (!a.model_dir.empty()) {
     auto e = cuda::CudaEngine::FromCheckpoint(a.model_dir, options);

@@ -205,7 +205,8 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(
                    DeviceKvPool::Create(runtime::KvLayout{c.num_hidden_layers, options.block_tokens,
                                                           c.kv_lora_rank, c.qk_rope_head_dim},
                                         options.num_pages));
-  const std::vector<float>& inv = cpu::Rope(c).inv_freq();
+  const cpu::Rope rope(c);  // owns inv_freq (a reference into a temporary would dangle)
+  const std::vector<float>& inv = rope.inv_freq();
   CUDA_RETURN_IF_ERROR(cudaMalloc(reinterpret_cast<void**>(&e->impl_->inv_freq), inv.size() * 4));
   CUDA_RETURN_IF_ERROR(
       cudaMemcpy(e->impl_->inv_freq, inv.data(), inv.size() * 4, cudaMemcpyHostToDevice));
