@@ -51,5 +51,7 @@ void RegisterTokenizeCommand(CLI::App& app);
 
 // strata bench kernels (kernels/; only in builds with STRATA_WITH_CUDA)
 void RegisterBenchKernelsCommand(CLI::App& app);
+// strata bench decode (whole-model decode steps on the CUDA backend; STRATA_WITH_CUDA only)
+void RegisterBenchDecodeCommand(CLI::App& app);
 
 }  // namespace strata::cli

@@ -30,6 +30,7 @@ int main(int argc, char** argv) {
   strata::cli::RegisterBenchWorkerCommand(app);
 #if STRATA_WITH_CUDA
   strata::cli::RegisterBenchKernelsCommand(app);
+  strata::cli::RegisterBenchDecodeCommand(app);
 #endif
 
   CLI11_PARSE(app, argc, argv);

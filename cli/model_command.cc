@@ -13,7 +13,7 @@
 #include "cli/generate_remote.h"
 #include "common/file_util.h"
 #include "common/strings.h"
-#include "compute_nodes/backend/cpu/cpu_engine.h"
+#include "compute_nodes/backend/engine_factory.h"
 #include "compute_nodes/model/make_random.h"
 #include "compute_nodes/model/weights.h"
 #include "compute_nodes/runtime/generate.h"
@@ -51,16 +51,32 @@ void WriteNpy(const std::string& path, const std::vector<float>& data, int64_t r
   if (!out) Fail(1, StrCat("writing ", path, " failed"));
 }
 
-std::unique_ptr<cpu::CpuEngine> OpenCpuEngine(const std::string& dir, int64_t tokens) {
-  auto weights = model::LoadModel(dir);
-  if (!weights.ok()) Fail(1, weights.status().ToString());
-  const int64_t pages = (tokens + 63) / 64 + 1;
-  return std::make_unique<cpu::CpuEngine>(
-      std::shared_ptr<const model::ModelWeights>(std::move(*weights)), pages);
+// The model on `backend` ("cpu" or "cuda"), with pages for `tokens` tokens. Exit 2 for a backend
+// this binary lacks (or no GPU), 1 for a model that does not load.
+std::unique_ptr<runtime::Engine> OpenModel(const std::string& dir, const std::string& backend,
+                                           int64_t tokens) {
+  backend::EngineOptions options;
+  options.backend = backend;
+  options.model_dir = dir;
+  options.num_pages = (tokens + 63) / 64 + 1;
+  auto opened = backend::OpenEngine(options);
+  if (!opened.ok()) {
+    const absl::StatusCode code = opened.status().code();
+    Fail(code == absl::StatusCode::kUnimplemented || code == absl::StatusCode::kUnavailable ||
+                 code == absl::StatusCode::kInvalidArgument
+             ? 2
+             : 1,
+         opened.status().ToString());
+  }
+  return std::move(opened->engine);
 }
 
 void CheckBackend(const std::string& backend) {
-  if (backend != "cpu") Fail(2, StrCat("backend '", backend, "' is not available (cpu)"));
+  for (const std::string& b : backend::CompiledBackends()) {
+    if (b == backend) return;
+  }
+  Fail(2, StrCat("backend '", backend, "' is not available in this build (",
+                 StrJoin(backend::CompiledBackends(), ", "), ")"));
 }
 
 }  // namespace
@@ -73,6 +89,7 @@ void RegisterModelCommand(CLI::App& app) {
     std::string preset, config, out;
     uint64_t seed = 0;
     size_t shard_mb = 2048;
+    int64_t num_layers = 0;
   };
   auto mk = std::make_shared<MakeArgs>();
   CLI::App* make = model->add_subcommand("make-random", "Write a random-weight HF checkpoint");
@@ -82,11 +99,17 @@ void RegisterModelCommand(CLI::App& app) {
   make->add_option("--seed", mk->seed, "Random seed")->default_val(0);
   make->add_option("--out", mk->out, "Output directory")->required();
   make->add_option("--shard-mb", mk->shard_mb, "Shard size in MiB")->default_val(2048);
+  make->add_option("--num-layers", mk->num_layers,
+                   "Keep only the first N layers (0: the preset's); a cut model, not the preset");
   make->callback([mk] {
     if (mk->preset.empty() == mk->config.empty()) Fail(2, "give exactly one of --preset, --config");
     auto config =
         mk->preset.empty() ? model::LoadModelConfig(mk->config) : model::PresetConfig(mk->preset);
     if (!config.ok()) Fail(2, config.status().ToString());
+    if (mk->num_layers < 0 || mk->num_layers > config->num_hidden_layers) {
+      Fail(2, StrCat("--num-layers must be in [0, ", config->num_hidden_layers, "]"));
+    }
+    if (mk->num_layers > 0) config->num_hidden_layers = mk->num_layers;
     model::MakeRandomOptions options;
     options.seed = mk->seed;
     options.shard_bytes = mk->shard_mb << 20;
@@ -109,11 +132,11 @@ void RegisterModelCommand(CLI::App& app) {
   logits->add_option("--ids", lg->ids_file, "File of token ids");
   logits->add_option("--ids-list", lg->ids_list, "Token ids, comma separated");
   logits->add_option("--out", lg->out, "Output .npy (float32 [tokens, vocab])")->required();
-  logits->add_option("--backend", lg->backend, "cpu")->default_val("cpu");
+  logits->add_option("--backend", lg->backend, "cpu | cuda")->default_val("cpu");
   logits->callback([lg] {
     CheckBackend(lg->backend);
     const std::vector<int32_t> ids = ParseIds(lg->ids_list, lg->ids_file);
-    auto engine = OpenCpuEngine(lg->dir, static_cast<int64_t>(ids.size()));
+    auto engine = OpenModel(lg->dir, lg->backend, static_cast<int64_t>(ids.size()));
     runtime::PageTable pages;
     if (auto st = runtime::EnsureCapacity(engine->kv_pool(), pages, ids.size()); !st.ok()) {
       Fail(1, st.ToString());
@@ -148,7 +171,7 @@ void RegisterGenerateCommand(CLI::App& app) {
   gen->add_option("--stop-id", a->sampling.stop_ids, "Stop at these ids");
   gen->add_option("--stop", a->stops, "Stop once the output text contains this (with --prompt)");
   gen->add_option("--prefill-chunk", a->chunk, "Prefill chunk tokens")->default_val(256);
-  gen->add_option("--backend", a->backend, "cpu")->default_val("cpu");
+  gen->add_option("--backend", a->backend, "cpu | cuda")->default_val("cpu");
   gen->add_option("--worker", a->worker, "Run on this worker daemon (gRPC host:port) instead");
   gen->add_option("--prefill", a->prefill, "Prefill on this worker daemon, then --decode");
   gen->add_option("--decode", a->decode, "Decode on this worker daemon (after --prefill)");
@@ -192,7 +215,7 @@ void RegisterGenerateCommand(CLI::App& app) {
       return;
     }
     auto engine =
-        OpenCpuEngine(a->dir, static_cast<int64_t>(prompt.size()) + a->sampling.max_tokens);
+        OpenModel(a->dir, a->backend, static_cast<int64_t>(prompt.size()) + a->sampling.max_tokens);
     std::optional<tokenizer::StreamDecoder> stream;
     if (tok) stream.emplace(tok.get());
     auto result = runtime::Generate(*engine, prompt, a->sampling, a->chunk, [&](int32_t id) {

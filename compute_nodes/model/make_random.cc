@@ -236,7 +236,8 @@ absl::Status MakeRandomCheckpoint(const ModelConfig& config, const MakeRandomOpt
   const std::vector<TensorSpec> specs = CheckpointTensors(config);
   std::vector<TensorToWrite> tensors(specs.size());
   // Tensors are independent streams, so they can be drawn in parallel without changing bytes.
-  const size_t workers = std::max(1u, std::min(8u, std::thread::hardware_concurrency()));
+  // Every hardware thread: the large presets are ~30 GB of normal draws.
+  const size_t workers = std::max(1u, std::min(64u, std::thread::hardware_concurrency()));
   std::vector<std::thread> threads;
   for (size_t w = 0; w < workers; ++w) {
     threads.emplace_back([&, w] {

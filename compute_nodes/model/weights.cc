@@ -109,15 +109,7 @@ std::vector<TensorSpec> CheckpointTensors(const ModelConfig& c) {
   return out;
 }
 
-absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModel(const std::string& dir) {
-  const std::string config_path = (std::filesystem::path(dir) / "config.json").string();
-  ASSIGN_OR_RETURN(const std::string config_text, ReadFile(config_path));
-  auto w = std::make_unique<ModelWeights>();
-  ASSIGN_OR_RETURN_WITH(w->config, ParseModelConfig(config_text), config_path);
-  const ModelConfig& c = w->config;
-  ASSIGN_OR_RETURN(std::unique_ptr<TensorStore> store, TensorStore::Open(dir));
-  const TensorStore& s = *store;
-
+ModelFingerprint CheckpointFingerprint(const std::string& config_text, const TensorStore& s) {
   // The fingerprint covers the config text and every stored tensor (name, dtype, shape, bytes).
   Sha256 sha;
   sha.Update("strata-model-fingerprint-v1");
@@ -128,7 +120,21 @@ absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModel(const std::string& dir) 
     for (int64_t d : t.shape) sha.Update(&d, sizeof(d));
     sha.Update(t.data, t.bytes);
   }
-  w->fingerprint.bytes = sha.Final();
+  ModelFingerprint f;
+  f.bytes = sha.Final();
+  return f;
+}
+
+absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModel(const std::string& dir) {
+  const std::string config_path = (std::filesystem::path(dir) / "config.json").string();
+  ASSIGN_OR_RETURN(const std::string config_text, ReadFile(config_path));
+  auto w = std::make_unique<ModelWeights>();
+  ASSIGN_OR_RETURN_WITH(w->config, ParseModelConfig(config_text), config_path);
+  const ModelConfig& c = w->config;
+  ASSIGN_OR_RETURN(std::unique_ptr<TensorStore> store, TensorStore::Open(dir));
+  const TensorStore& s = *store;
+
+  w->fingerprint = CheckpointFingerprint(config_text, s);
 
   const int64_t h = c.hidden_size;
   const int64_t heads = c.num_attention_heads;

@@ -68,6 +68,11 @@ struct TensorSpec {
 // Every tensor of a checkpoint for `config`, in a fixed order.
 std::vector<TensorSpec> CheckpointTensors(const ModelConfig& config);
 
+class TensorStore;
+// SHA-256 over config.json's text and every stored tensor (name, dtype, shape, bytes): the model
+// identity in KV block keys. Backends that do not go through LoadModel call it directly.
+ModelFingerprint CheckpointFingerprint(const std::string& config_text, const TensorStore& store);
+
 // Loads config.json and the safetensors of `dir`.
 absl::StatusOr<std::unique_ptr<ModelWeights>> LoadModel(const std::string& dir);
 

@@ -8,15 +8,16 @@
 
 namespace strata::runtime {
 
-KvPool::KvPool(KvLayout layout, int64_t num_pages, KvPrecision precision)
-    : layout_(layout),
-      num_pages_(num_pages),
-      precision_(precision),
-      storage_(static_cast<size_t>(num_pages * layout.floats_per_page()), 0.0f),
-      in_use_(num_pages, false) {
+KvPool::KvPool(KvLayout layout, int64_t num_pages)
+    : layout_(layout), num_pages_(num_pages), in_use_(num_pages, false) {
   free_.reserve(num_pages);
   for (int64_t p = num_pages - 1; p >= 0; --p) free_.push_back(static_cast<int32_t>(p));
 }
+
+HostKvPool::HostKvPool(KvLayout layout, int64_t num_pages, KvPrecision precision)
+    : KvPool(layout, num_pages),
+      precision_(precision),
+      storage_(static_cast<size_t>(num_pages * layout.floats_per_page()), 0.0f) {}
 
 int64_t KvPool::free_pages() const {
   absl::MutexLock lock(&mu_);
@@ -41,21 +42,21 @@ void KvPool::Free(int32_t page) {
   free_.push_back(page);
 }
 
-float* KvPool::Latent(int32_t page, int64_t layer) {
-  return storage_.data() + page * layout_.floats_per_page() + layer * layout_.floats_per_layer();
+float* HostKvPool::Latent(int32_t page, int64_t layer) {
+  return storage_.data() + page * layout().floats_per_page() + layer * layout().floats_per_layer();
 }
-float* KvPool::KPe(int32_t page, int64_t layer) {
-  return Latent(page, layer) + layout_.block_tokens * layout_.latent_dim;
+float* HostKvPool::KPe(int32_t page, int64_t layer) {
+  return Latent(page, layer) + layout().block_tokens * layout().latent_dim;
 }
-const float* KvPool::Latent(int32_t page, int64_t layer) const {
-  return storage_.data() + page * layout_.floats_per_page() + layer * layout_.floats_per_layer();
+const float* HostKvPool::Latent(int32_t page, int64_t layer) const {
+  return storage_.data() + page * layout().floats_per_page() + layer * layout().floats_per_layer();
 }
-const float* KvPool::KPe(int32_t page, int64_t layer) const {
-  return Latent(page, layer) + layout_.block_tokens * layout_.latent_dim;
+const float* HostKvPool::KPe(int32_t page, int64_t layer) const {
+  return Latent(page, layer) + layout().block_tokens * layout().latent_dim;
 }
 
 size_t KvPool::PayloadBytes(PayloadDtype dtype) const {
-  return static_cast<size_t>(layout_.floats_per_page()) * (dtype == PayloadDtype::kF32 ? 4 : 2);
+  return static_cast<size_t>(layout().floats_per_page()) * (dtype == PayloadDtype::kF32 ? 4 : 2);
 }
 
 absl::Status KvPool::CheckPage(int32_t page) const {
@@ -65,28 +66,36 @@ absl::Status KvPool::CheckPage(int32_t page) const {
   return absl::OkStatus();
 }
 
-void KvPool::StoreRow(int32_t page, int64_t layer, int64_t slot, const float* latent,
-                      const float* k_pe) {
-  float* dl = Latent(page, layer) + slot * layout_.latent_dim;
-  float* dk = KPe(page, layer) + slot * layout_.rope_dim;
-  std::copy_n(latent, layout_.latent_dim, dl);
-  std::copy_n(k_pe, layout_.rope_dim, dk);
+absl::Status KvPool::CheckPayload(PayloadDtype dtype, size_t bytes) const {
+  if (bytes != PayloadBytes(dtype)) {
+    return absl::InvalidArgumentError(
+        StrCat("KV pool: payload of ", bytes, " bytes, expected ", PayloadBytes(dtype)));
+  }
+  return absl::OkStatus();
+}
+
+void HostKvPool::StoreRow(int32_t page, int64_t layer, int64_t slot, const float* latent,
+                          const float* k_pe) {
+  float* dl = Latent(page, layer) + slot * layout().latent_dim;
+  float* dk = KPe(page, layer) + slot * layout().rope_dim;
+  std::copy_n(latent, layout().latent_dim, dl);
+  std::copy_n(k_pe, layout().rope_dim, dk);
   if (precision_ == KvPrecision::kBf16) {
-    for (int64_t i = 0; i < layout_.latent_dim; ++i) {
+    for (int64_t i = 0; i < layout().latent_dim; ++i) {
       dl[i] = model::Bf16ToFloat(model::FloatToBf16(dl[i]));
     }
-    for (int64_t i = 0; i < layout_.rope_dim; ++i) {
+    for (int64_t i = 0; i < layout().rope_dim; ++i) {
       dk[i] = model::Bf16ToFloat(model::FloatToBf16(dk[i]));
     }
   }
 }
 
 // The page already has the payload's layer-major layout, so conversion is element-wise.
-absl::Status KvPool::ExportPage(int32_t page, PayloadDtype dtype,
-                                std::vector<uint8_t>* payload) const {
+absl::Status HostKvPool::ExportPage(int32_t page, PayloadDtype dtype,
+                                    std::vector<uint8_t>* payload) const {
   if (auto st = CheckPage(page); !st.ok()) return st;
-  const float* src = storage_.data() + page * layout_.floats_per_page();
-  const int64_t n = layout_.floats_per_page();
+  const float* src = storage_.data() + page * layout().floats_per_page();
+  const int64_t n = layout().floats_per_page();
   payload->resize(PayloadBytes(dtype));
   if (dtype == PayloadDtype::kF32) {
     std::memcpy(payload->data(), src, n * 4);
@@ -99,15 +108,12 @@ absl::Status KvPool::ExportPage(int32_t page, PayloadDtype dtype,
   return absl::OkStatus();
 }
 
-absl::Status KvPool::ImportPage(int32_t page, PayloadDtype dtype,
-                                std::span<const uint8_t> payload) {
+absl::Status HostKvPool::ImportPage(int32_t page, PayloadDtype dtype,
+                                    std::span<const uint8_t> payload) {
   if (auto st = CheckPage(page); !st.ok()) return st;
-  if (payload.size() != PayloadBytes(dtype)) {
-    return absl::InvalidArgumentError(
-        StrCat("KV pool: payload of ", payload.size(), " bytes, expected ", PayloadBytes(dtype)));
-  }
-  float* dst = storage_.data() + page * layout_.floats_per_page();
-  const int64_t n = layout_.floats_per_page();
+  if (auto st = CheckPayload(dtype, payload.size()); !st.ok()) return st;
+  float* dst = storage_.data() + page * layout().floats_per_page();
+  const int64_t n = layout().floats_per_page();
   if (dtype == PayloadDtype::kF32) {
     std::memcpy(dst, payload.data(), n * 4);
   } else {

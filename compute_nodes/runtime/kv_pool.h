@@ -2,12 +2,17 @@
 // layer, laid out exactly like a block payload — layer-major, per layer latent [B][kv_lora_rank]
 // then k_pe [B][rope_dim] — so a cache block maps one-to-one onto a page.
 //
-// The pool stores fp32 (the CPU backend's arithmetic). With KvPrecision::kBf16 every value
-// written through StoreRow is first rounded to bf16, as a bf16 KV cache would hold it, so a bf16
-// block payload (block format codec 1) exports and imports losslessly: a prefix restored from the
-// cache is bit-identical to one computed in place. kF32 keeps full precision (numerics tests); then
-// bf16 export is lossy. Export/Import convert to and from a payload in either dtype.
-// Allocate/Free are thread-safe; a page's contents belong to the one sequence holding it.
+// KvPool is what the worker sees: page allocation (shared by every backend) and page <-> block
+// payload movement (ExportPage/ImportPage, one implementation per backend). HostKvPool holds the
+// pages in host memory as fp32 (the CPU backend); the CUDA backend's DeviceKvPool
+// (compute_nodes/backend/cuda/device_kv_pool.h) holds them in GPU memory as bf16.
+//
+// HostKvPool: with KvPrecision::kBf16 every value written through StoreRow is first rounded to
+// bf16, as a bf16 KV cache would hold it, so a bf16 block payload (block format codec 1) exports
+// and imports losslessly: a prefix restored from the cache is bit-identical to one computed in
+// place. kF32 keeps full precision (numerics tests); then bf16 export is lossy. Export/Import
+// convert to and from a payload in either dtype. Allocate/Free are thread-safe; a page's contents
+// belong to the one sequence holding it.
 #pragma once
 
 #include <cstdint>
@@ -35,16 +40,45 @@ enum class KvPrecision { kF32, kBf16 };
 
 class KvPool {
  public:
-  KvPool(KvLayout layout, int64_t num_pages, KvPrecision precision = KvPrecision::kF32);
+  KvPool(KvLayout layout, int64_t num_pages);
+  virtual ~KvPool() = default;
+  KvPool(const KvPool&) = delete;
+  KvPool& operator=(const KvPool&) = delete;
 
   const KvLayout& layout() const { return layout_; }
-  KvPrecision precision() const { return precision_; }
   int64_t num_pages() const { return num_pages_; }
   int64_t free_pages() const;
 
   // ResourceExhausted when no page is free.
   absl::StatusOr<int32_t> Allocate();
   void Free(int32_t page);
+
+  size_t PayloadBytes(PayloadDtype dtype) const;
+  // Page → block payload and back. InvalidArgument on a bad page id or a wrong payload size;
+  // a device pool also returns the CUDA error of the copy.
+  virtual absl::Status ExportPage(int32_t page, PayloadDtype dtype,
+                                  std::vector<uint8_t>* payload) const = 0;
+  virtual absl::Status ImportPage(int32_t page, PayloadDtype dtype,
+                                  std::span<const uint8_t> payload) = 0;
+
+ protected:
+  absl::Status CheckPage(int32_t page) const;
+  absl::Status CheckPayload(PayloadDtype dtype, size_t bytes) const;
+
+ private:
+  KvLayout layout_;
+  int64_t num_pages_;
+  mutable absl::Mutex mu_;
+  std::vector<int32_t> free_ ABSL_GUARDED_BY(mu_);
+  std::vector<bool> in_use_ ABSL_GUARDED_BY(mu_);
+};
+
+// Pages in host memory, fp32 (the CPU backend).
+class HostKvPool final : public KvPool {
+ public:
+  HostKvPool(KvLayout layout, int64_t num_pages, KvPrecision precision = KvPrecision::kF32);
+
+  KvPrecision precision() const { return precision_; }
 
   // [block_tokens][latent_dim] and [block_tokens][rope_dim] of `layer` in `page`.
   float* Latent(int32_t page, int64_t layer);
@@ -55,21 +89,14 @@ class KvPool {
   // `layer`, rounded to the pool's precision.
   void StoreRow(int32_t page, int64_t layer, int64_t slot, const float* latent, const float* k_pe);
 
-  size_t PayloadBytes(PayloadDtype dtype) const;
-  // Page → block payload and back. InvalidArgument on a bad page id or a wrong payload size.
-  absl::Status ExportPage(int32_t page, PayloadDtype dtype, std::vector<uint8_t>* payload) const;
-  absl::Status ImportPage(int32_t page, PayloadDtype dtype, std::span<const uint8_t> payload);
+  absl::Status ExportPage(int32_t page, PayloadDtype dtype,
+                          std::vector<uint8_t>* payload) const override;
+  absl::Status ImportPage(int32_t page, PayloadDtype dtype,
+                          std::span<const uint8_t> payload) override;
 
  private:
-  absl::Status CheckPage(int32_t page) const;
-
-  KvLayout layout_;
-  int64_t num_pages_;
   KvPrecision precision_;
   std::vector<float> storage_;
-  mutable absl::Mutex mu_;
-  std::vector<int32_t> free_ ABSL_GUARDED_BY(mu_);
-  std::vector<bool> in_use_ ABSL_GUARDED_BY(mu_);
 };
 
 // A sequence's pages in token order: token t lives in page pages[t / B], row t % B.

@@ -8,7 +8,7 @@
 #include "common/metrics.h"
 #include "common/status.h"
 #include "common/strings.h"
-#include "compute_nodes/backend/cpu/cpu_engine.h"
+#include "compute_nodes/backend/engine_factory.h"
 #include "compute_nodes/model/weights.h"
 #include "spdlog/spdlog.h"
 
@@ -21,21 +21,21 @@ WorkerServer::WorkerServer(WorkerServerOptions options) : options_(std::move(opt
 WorkerServer::~WorkerServer() { Shutdown(); }
 
 absl::Status WorkerServer::Start() {
-  if (options_.backend != "cpu") {
-    return absl::UnimplementedError(
-        StrCat("backend '", options_.backend, "' is not available in this build (cpu)"));
-  }
   if (options_.role != v1::ROLE_PREFILL && options_.role != v1::ROLE_DECODE &&
       options_.role != v1::ROLE_BOTH) {
     return absl::InvalidArgumentError("worker role must be prefill, decode or both");
   }
-  ASSIGN_OR_RETURN_WITH(auto weights, model::LoadModel(options_.model_dir),
-                        StrCat("loading the model from ", options_.model_dir));
-  const ModelFingerprint fingerprint = weights->fingerprint;
-  engine_ = std::make_unique<cpu::CpuEngine>(
-      std::shared_ptr<const model::ModelWeights>(std::move(weights)), options_.kv_pages,
-      options_.block_tokens,
-      options_.kv_bf16 ? runtime::KvPrecision::kBf16 : runtime::KvPrecision::kF32);
+  backend::EngineOptions engine_options;
+  engine_options.backend = options_.backend;
+  engine_options.model_dir = options_.model_dir;
+  engine_options.num_pages = options_.kv_pages;
+  engine_options.block_tokens = options_.block_tokens;
+  engine_options.kv_precision =
+      options_.kv_bf16 ? runtime::KvPrecision::kBf16 : runtime::KvPrecision::kF32;
+  engine_options.want_fingerprint = true;
+  ASSIGN_OR_RETURN(backend::OpenedEngine opened, backend::OpenEngine(engine_options));
+  const ModelFingerprint fingerprint = opened.fingerprint;
+  engine_ = std::move(opened.engine);
   if (std::filesystem::exists(std::filesystem::path(options_.model_dir) / "tokenizer.json")) {
     ASSIGN_OR_RETURN_WITH(tokenizer_, tokenizer::Tokenizer::Load(options_.model_dir),
                           "loading the tokenizer");

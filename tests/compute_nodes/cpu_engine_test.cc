@@ -306,7 +306,7 @@ TEST(RoutingTest, V2GroupLimitedGreedyScalesSoftmaxWithoutNormalizing) {
 TEST(KvPoolTest, PayloadIsLayerMajorLatentThenKPe) {
   runtime::KvLayout layout{/*num_layers=*/2, /*block_tokens=*/16, /*latent_dim=*/8,
                            /*rope_dim=*/4};
-  runtime::KvPool pool(layout, 2);
+  runtime::HostKvPool pool(layout, 2);
   auto page = pool.Allocate();
   ASSERT_TRUE(page.ok());
   for (int l = 0; l < 2; ++l) {
@@ -337,7 +337,7 @@ TEST(KvPoolTest, PayloadIsLayerMajorLatentThenKPe) {
 }
 
 TEST(KvPoolTest, ExhaustionIsAStatusAndLeaksNothing) {
-  runtime::KvPool pool({1, 16, 8, 4}, 3);
+  runtime::HostKvPool pool({1, 16, 8, 4}, 3);
   PageTable a, b;
   ASSERT_TRUE(runtime::EnsureCapacity(pool, a, 33).ok());  // 3 pages
   EXPECT_EQ(pool.free_pages(), 0);

@@ -91,7 +91,7 @@ TEST_P(HfParityTest, MatchesTransformers) {
       const std::vector<float> ref_kpe = DecodeFloats(p["k_pe_layer0"]);
       ASSERT_EQ(static_cast<int64_t>(ref_latent.size()), n * c.kv_lora_rank);
       ASSERT_EQ(static_cast<int64_t>(ref_kpe.size()), n * c.qk_rope_head_dim);
-      const runtime::KvPool& pool = engine.kv_pool();
+      const runtime::HostKvPool& pool = engine.kv_pool();
       EXPECT_LT(MaxAbsDiff(pool.Latent(pages.pages[0], 0), ref_latent.data(), ref_latent.size()),
                 kCacheTol);
       EXPECT_LT(MaxAbsDiff(pool.KPe(pages.pages[0], 0), ref_kpe.data(), ref_kpe.size()), kCacheTol);

@@ -32,7 +32,7 @@ class CpuEngine final : public runtime::Engine {
             int64_t context_cache_bytes = kDefaultContextCacheBytes);
 
   const model::ModelConfig& config() const override { return weights_->config; }
-  runtime::KvPool& kv_pool() override { return pool_; }
+  runtime::HostKvPool& kv_pool() override { return pool_; }
   absl::Status Forward(std::span<const runtime::SequenceInput> batch,
                        std::vector<runtime::SequenceOutput>* outputs) override;
   void ForgetSequence(uint64_t id) override;
@@ -120,7 +120,7 @@ class CpuEngine final : public runtime::Engine {
   };
 
   std::shared_ptr<const model::ModelWeights> weights_;
-  runtime::KvPool pool_;
+  runtime::HostKvPool pool_;
   MhaScratch mha_;
   Context scratch_context_;  // the context of a sequence that does not name itself
   Floats latent_slab_;       // DecompressRange's gathered latents

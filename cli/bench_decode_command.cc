@@ -1,0 +1,166 @@
+// strata bench decode: one decode step of a whole model on the CUDA backend, against its HBM floor.
+//
+//   strata bench decode [--preset v2-lite-shape | --model DIR] [--batch 1,16,64] [--context 1024]
+//                       [--steps 20] [--num-layers N] [--json PATH]
+//
+// The weights are random bf16 drawn on the GPU (--preset; no checkpoint on disk) or a checkpoint
+// (--model). Every sequence starts with --context tokens of random latent KV in its pages, then
+// decode steps (absorbed form) run for all sequences of the batch at once; each step is timed on
+// the host around Forward (which ends with the logits on the host), median of --steps after 3
+// warm-up steps.
+//
+// HBM floor of a step = (bytes of weights the step reads + latent KV bytes it reads) / 4.27 TB/s,
+// the device-to-device copy bandwidth measured on an H200 of this workplace. Weights read: every
+// attention, dense-MLP, shared-expert, router and lm_head tensor, and the routed experts that got
+// at least one token in that step (CudaEngine::last_step()). ratio = floor / measured step time
+// (1.0 = at the floor); JSON ratios.decode_step_vs_hbm_floor_b<B>.
+#include <cuda_runtime_api.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "cli/commands.h"
+#include "common/strings.h"
+#include "compute_nodes/backend/cuda/cuda_engine.h"
+#include "compute_nodes/model/make_random.h"
+
+namespace strata::cli {
+namespace {
+
+constexpr double kHbmBytesPerSecond = 4.27e12;
+
+struct Args {
+  std::string preset = "v2-lite-shape", model_dir, batches = "1,16,64", json;
+  int64_t context = 1024, steps = 20, num_layers = 0;
+};
+
+void Run(const Args& a) {
+  std::unique_ptr<cuda::CudaEngine> engine;
+  std::vector<int64_t> batches;
+  for (std::string_view b : StrSplit(a.batches, ',', /*skip_empty=*/true)) {
+    const std::optional<int64_t> v = ParseInt64(b);
+    if (!v || *v <= 0) Fail(2, StrCat("bad --batch entry '", b, "'"));
+    batches.push_back(*v);
+  }
+  if (batches.empty()) Fail(2, "--batch is empty");
+  const int64_t max_b = *std::max_element(batches.begin(), batches.end());
+  const int64_t pages_per_seq = (a.context + a.steps + 3 + 63) / 64;
+  cuda::CudaEngineOptions options;
+  options.num_pages = max_b * pages_per_seq;
+  if (auto st = cuda::CudaAvailable(); !st.ok()) Fail(2, StrCat("bench decode: ", st.message()));
+  const auto t0 = std::chrono::steady_clock::now();
+  if (!a.model_dir.empty()) {
+    auto e = cuda::CudaEngine::FromCheckpoint(a.model_dir, options);
+    if (!e.ok()) Fail(1, e.status().ToString());
+    engine = std::move(*e);
+  } else {
+    auto config = model::PresetConfig(a.preset);
+    if (!config.ok()) Fail(2, config.status().ToString());
+    if (a.num_layers > 0)
+      config->num_hidden_layers = std::min(a.num_layers, config->num_hidden_layers);
+    auto w = cuda::DeviceWeights::Random(*config, 7);
+    if (!w.ok()) Fail(1, w.status().ToString());
+    auto e = cuda::CudaEngine::Create(std::move(*w), options);
+    if (!e.ok()) Fail(1, e.status().ToString());
+    engine = std::move(*e);
+  }
+  if (auto st = engine->kv_pool().FillRandom(3); !st.ok()) Fail(1, st.ToString());
+  const double load_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const model::ModelConfig& c = engine->config();
+  cudaDeviceProp prop;
+  (void)cudaGetDeviceProperties(&prop, 0);
+  std::cout << fmt::format(
+      "bench decode: {} ({} layers, hidden {}, {} experts top-{}), weights {:.2f} GB, context {} "
+      "tokens, loaded in {:.1f} s, {}\n",
+      a.model_dir.empty() ? a.preset : a.model_dir, c.num_hidden_layers, c.hidden_size,
+      c.n_routed_experts, c.num_experts_per_tok, engine->weights().total_bytes() / 1e9, a.context,
+      load_s, prop.name);
+  nlohmann::json report;
+  report["device"] = prop.name;
+  report["model"] = a.model_dir.empty() ? a.preset : a.model_dir;
+  report["num_layers"] = c.num_hidden_layers;
+  report["context"] = a.context;
+  report["hbm_bytes_per_second"] = kHbmBytesPerSecond;
+  report["ratios"] = nlohmann::json::object();
+  std::mt19937 rng(1);
+  std::cout << fmt::format("{:>6} {:>10} {:>10} {:>10} {:>10} {:>10} {:>8}\n", "batch", "step ms",
+                           "tok/s", "weights GB", "kv GB", "floor ms", "ratio");
+  for (int64_t b : batches) {
+    std::vector<runtime::PageTable> pages(b);
+    for (auto& p : pages) {
+      if (auto st = runtime::EnsureCapacity(engine->kv_pool(), p, a.context + a.steps + 3);
+          !st.ok()) {
+        Fail(1, st.ToString());
+      }
+    }
+    std::vector<int32_t> tokens(b);
+    std::vector<double> ms;
+    cuda::StepStats stats;
+    for (int64_t step = 0; step < a.steps + 3; ++step) {
+      std::vector<runtime::SequenceInput> batch(b);
+      for (int64_t s = 0; s < b; ++s) {
+        tokens[s] = static_cast<int32_t>(rng() % c.vocab_size);
+        batch[s] = {std::span<const int32_t>(&tokens[s], 1), a.context + step, &pages[s], false,
+                    runtime::AttentionForm::kAbsorbed};
+      }
+      std::vector<runtime::SequenceOutput> out;
+      const auto s0 = std::chrono::steady_clock::now();
+      if (auto st = engine->Forward(batch, &out); !st.ok()) Fail(1, st.ToString());
+      const double t =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s0).count();
+      if (step >= 3) {
+        ms.push_back(t);
+        stats = engine->last_step();
+      }
+    }
+    for (auto& p : pages) runtime::ReleasePages(engine->kv_pool(), p);
+    std::sort(ms.begin(), ms.end());
+    const double med = ms[ms.size() / 2];
+    const double bytes = static_cast<double>(stats.weight_bytes + stats.kv_bytes);
+    const double floor_ms = bytes / kHbmBytesPerSecond * 1e3;
+    const double ratio = floor_ms / med;
+    std::cout << fmt::format("{:>6} {:>10.3f} {:>10.0f} {:>10.3f} {:>10.3f} {:>10.3f} {:>8.3f}\n",
+                             b, med, b / med * 1e3, stats.weight_bytes / 1e9, stats.kv_bytes / 1e9,
+                             floor_ms, ratio);
+    report["points"].push_back({{"batch", b},
+                                {"step_ms_median", med},
+                                {"step_ms_min", ms.front()},
+                                {"tokens_per_second", b / med * 1e3},
+                                {"weight_bytes", stats.weight_bytes},
+                                {"kv_bytes", stats.kv_bytes},
+                                {"floor_ms", floor_ms}});
+    report["ratios"][fmt::format("decode_step_vs_hbm_floor_b{}", b)] = ratio;
+  }
+  if (!a.json.empty()) {
+    std::ofstream f(a.json);
+    f << report.dump(2) << "\n";
+    if (!f) Fail(1, StrCat("bench decode: cannot write ", a.json));
+  }
+}
+
+}  // namespace
+
+void RegisterBenchDecodeCommand(CLI::App& app) {
+  auto a = std::make_shared<Args>();
+  CLI::App* cmd = BenchGroup(app).add_subcommand(
+      "decode", "Time whole-model decode steps on the CUDA backend against the HBM floor");
+  cmd->add_option("--preset", a->preset, "Random weights of this preset (drawn on the GPU)")
+      ->default_val("v2-lite-shape");
+  cmd->add_option("--model", a->model_dir, "A checkpoint directory instead of --preset");
+  cmd->add_option("--batch", a->batches, "Comma-separated batch sizes")->default_val("1,16,64");
+  cmd->add_option("--context", a->context, "Tokens already in each sequence's pages")
+      ->default_val(1024);
+  cmd->add_option("--steps", a->steps, "Timed steps per batch size")->default_val(20);
+  cmd->add_option("--num-layers", a->num_layers, "Keep only the first N layers of the preset");
+  cmd->add_option("--json", a->json, "Write the figures as JSON to this file");
+  cmd->callback([a] { Run(*a); });
+}
+
+}  // namespace strata::cli

@@ -1,0 +1,91 @@
+// The CUDA backend: the DeepSeek-V2/V3 forward of runtime::Engine on one GPU, in bf16 with fp32
+// accumulation, as transformers runs the model in bf16.
+//
+// Weights are uploaded once (DeviceWeights); the latent KV lives in a DeviceKvPool. Per layer:
+// RMSNorm fused with the residual add (kernels/norm_rope), the projections through cuBLAS
+// (cublas_gemm.h), YaRN RoPE (kernels/norm_rope), the new latent + k_pe rows written into their
+// pages, then attention:
+//  - MHA form (prefill chunks): the sequence's whole context is gathered from its pages,
+//    decompressed with kv_b_proj (one GEMM) and attended with kernels/prefill_attention (causal,
+//    bottom-right: the new tokens are the last of the context). Head dims are zero-padded to the
+//    kernel's 192 (q/k) and 128 (v), so the small test presets run the same code.
+//  - Absorbed form (decode): q_nope · W_UK per head (a strided-batched GEMM) then
+//    kernels/mla_decode over the latent pages (heads zero-padded to a multiple of 16), then
+//    · W_UVᵀ per head. A multi-token absorbed chunk is one decode query per token.
+// The MoE block routes with kernels/moe_router, copies the routing to the host (one sync per MoE
+// layer), gathers the tokens of each expert contiguously and runs one fused gate|up GEMM and one
+// down GEMM per expert that has tokens, SiLU×mul (kernels/activation) over all of them at once,
+// then a weighted combine with the shared experts' output.
+//
+// Logits are fp32 from a bf16 lm_head GEMM. Not thread-safe (one Forward at a time, as every
+// Engine); the pool's Export/ImportPage may be called between Forwards.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <memory>
+#include <string>
+
+#include "common/block_key.h"
+#include "compute_nodes/backend/cuda/cublas_gemm.h"
+#include "compute_nodes/backend/cuda/device_kv_pool.h"
+#include "compute_nodes/backend/cuda/device_weights.h"
+#include "compute_nodes/runtime/engine.h"
+
+namespace strata::model {
+class TensorStore;
+}
+
+namespace strata::cuda {
+
+struct CudaEngineOptions {
+  int64_t num_pages = 256;
+  int64_t block_tokens = 64;  // the MLA decode kernel's page size; nothing else is accepted
+  int device = 0;
+};
+
+// What the last Forward read from device memory (for the decode benchmark's HBM floor).
+struct StepStats {
+  int64_t weight_bytes = 0;  // weights read: every dense tensor, the routed experts that had tokens
+  int64_t kv_bytes = 0;      // latent pages read by attention (every layer)
+  int64_t tokens = 0;
+};
+
+class CudaEngine final : public runtime::Engine {
+ public:
+  // Unavailable without a usable GPU; InvalidArgument for a model the kernels cannot run (page
+  // size, latent 512 + rope 64, nope or v head dims above 128, more than 128 heads).
+  static absl::StatusOr<std::unique_ptr<CudaEngine>> Create(std::unique_ptr<DeviceWeights> weights,
+                                                            const CudaEngineOptions& options);
+  // Reads config.json and the safetensors of `dir`; with `fingerprint`, also hashes the checkpoint
+  // as model::LoadModel does (the worker's model identity; reads every byte once more).
+  static absl::StatusOr<std::unique_ptr<CudaEngine>> FromCheckpoint(
+      const std::string& dir, const CudaEngineOptions& options,
+      ModelFingerprint* fingerprint = nullptr);
+  ~CudaEngine() override;
+
+  const model::ModelConfig& config() const override { return weights_->config(); }
+  DeviceKvPool& kv_pool() override { return *pool_; }
+  absl::Status Forward(std::span<const runtime::SequenceInput> batch,
+                       std::vector<runtime::SequenceOutput>* outputs) override;
+
+  const DeviceWeights& weights() const { return *weights_; }
+  const StepStats& last_step() const { return stats_; }
+  cudaStream_t stream() const { return stream_; }
+
+ private:
+  struct Impl;
+  CudaEngine() = default;
+
+  std::unique_ptr<DeviceWeights> weights_;
+  std::unique_ptr<DeviceKvPool> pool_;
+  cudaStream_t stream_ = nullptr;
+  Cublas blas_;
+  std::unique_ptr<Impl> impl_;
+  StepStats stats_;
+};
+
+// Whether this process sees a CUDA device (false, with the reason, when not).
+absl::Status CudaAvailable();
+
+}  // namespace strata::cuda

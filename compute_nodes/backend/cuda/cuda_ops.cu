@@ -1,0 +1,150 @@
+#include <algorithm>
+#include <string>
+
+#include "compute_nodes/backend/cuda/cuda_ops.h"
+
+namespace strata::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int64_t kMaxBlocks = 132 * 32;
+
+unsigned Blocks(int64_t work) {
+  return static_cast<unsigned>(
+      std::max<int64_t>(1, std::min(kMaxBlocks, (work + kThreads - 1) / kThreads)));
+}
+
+absl::Status LaunchError(const char* what) {
+  const cudaError_t err = cudaGetLastError();
+  if (err == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(std::string(what) + ": " + cudaGetErrorString(err));
+}
+
+template <typename Index>
+__global__ void GatherRowsKernel(const __nv_bfloat16* src, int64_t src_ld, const Index* idx,
+                                 int64_t rows, int64_t width, __nv_bfloat16* dst, int64_t dst_ld) {
+  const int64_t total = rows * width;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / width, c = i % width;
+    dst[r * dst_ld + c] = src[static_cast<int64_t>(idx[r]) * src_ld + c];
+  }
+}
+
+__global__ void ScatterRowsKernel(const __nv_bfloat16* src, int64_t src_ld, const int64_t* idx,
+                                  int64_t rows, int64_t width, __nv_bfloat16* dst, int64_t dst_ld) {
+  const int64_t total = rows * width;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i / width, c = i % width;
+    dst[idx[r] * dst_ld + c] = src[r * src_ld + c];
+  }
+}
+
+__global__ void CopyHeadsKernel(CopyHeadsParams p) {
+  const int64_t total = p.rows * p.heads * p.dst_width;
+  const __nv_bfloat16 zero = __float2bfloat16(0.f);
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t j = i % p.dst_width;
+    const int64_t h = (i / p.dst_width) % p.heads;
+    const int64_t r = i / (p.dst_width * p.heads);
+    p.dst[r * p.dst_tok + h * p.dst_head + j] =
+        j < p.width ? p.src[r * p.src_tok + h * p.src_head + j] : zero;
+  }
+}
+
+__global__ void MoeCombineKernel(const __nv_bfloat16* expert_out, const int64_t* pos,
+                                 const float* weights, int64_t tokens, int64_t top_k, int64_t dim,
+                                 const __nv_bfloat16* shared, __nv_bfloat16* out) {
+  const int64_t total = tokens * dim;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t t = i / dim, d = i % dim;
+    float acc = 0.f;
+    for (int64_t k = 0; k < top_k; ++k) {
+      acc += weights[t * top_k + k] * __bfloat162float(expert_out[pos[t * top_k + k] * dim + d]);
+    }
+    if (shared != nullptr) acc += __bfloat162float(shared[i]);
+    out[i] = __float2bfloat16_rn(acc);
+  }
+}
+
+__device__ uint64_t Mix(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+__global__ void FillRandomKernel(__nv_bfloat16* dst, int64_t n, int kind, float stddev,
+                                 uint64_t seed) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const uint64_t a = Mix(seed * 0x9e3779b97f4a7c15ull + 2 * static_cast<uint64_t>(i) + 1);
+    const uint64_t b = Mix(a + 0x632be59bd9b4e019ull);
+    const float u1 = (static_cast<float>(a >> 40) + 0.5f) * (1.f / 16777216.f);
+    const float u2 = (static_cast<float>(b >> 40) + 0.5f) * (1.f / 16777216.f);
+    float v;
+    if (kind == 1) {
+      v = 1.f + 0.2f * (u1 - 0.5f);
+    } else if (kind == 2) {
+      v = 0.15f * u1;
+    } else {
+      v = stddev * sqrtf(-2.f * logf(u1)) * cospif(2.f * u2);
+    }
+    dst[i] = __float2bfloat16_rn(v);
+  }
+}
+
+}  // namespace
+
+absl::Status GatherRows(const __nv_bfloat16* src, int64_t src_ld, const int64_t* idx, int64_t rows,
+                        int64_t width, __nv_bfloat16* dst, int64_t dst_ld, cudaStream_t stream) {
+  if (rows * width == 0) return absl::OkStatus();
+  GatherRowsKernel<int64_t>
+      <<<Blocks(rows * width), kThreads, 0, stream>>>(src, src_ld, idx, rows, width, dst, dst_ld);
+  return LaunchError("GatherRows");
+}
+
+absl::Status GatherRows32(const __nv_bfloat16* src, int64_t src_ld, const int32_t* idx,
+                          int64_t rows, int64_t width, __nv_bfloat16* dst, int64_t dst_ld,
+                          cudaStream_t stream) {
+  if (rows * width == 0) return absl::OkStatus();
+  GatherRowsKernel<int32_t>
+      <<<Blocks(rows * width), kThreads, 0, stream>>>(src, src_ld, idx, rows, width, dst, dst_ld);
+  return LaunchError("GatherRows32");
+}
+
+absl::Status ScatterRows(const __nv_bfloat16* src, int64_t src_ld, const int64_t* idx, int64_t rows,
+                         int64_t width, __nv_bfloat16* dst, int64_t dst_ld, cudaStream_t stream) {
+  if (rows * width == 0) return absl::OkStatus();
+  ScatterRowsKernel<<<Blocks(rows * width), kThreads, 0, stream>>>(src, src_ld, idx, rows, width,
+                                                                   dst, dst_ld);
+  return LaunchError("ScatterRows");
+}
+
+absl::Status CopyHeads(const CopyHeadsParams& p, cudaStream_t stream) {
+  const int64_t total = p.rows * p.heads * p.dst_width;
+  if (total == 0) return absl::OkStatus();
+  if (p.width > p.dst_width) return absl::InvalidArgumentError("CopyHeads: width > dst_width");
+  CopyHeadsKernel<<<Blocks(total), kThreads, 0, stream>>>(p);
+  return LaunchError("CopyHeads");
+}
+
+absl::Status MoeCombine(const __nv_bfloat16* expert_out, const int64_t* pos, const float* weights,
+                        int64_t tokens, int64_t top_k, int64_t dim, const __nv_bfloat16* shared,
+                        __nv_bfloat16* out, cudaStream_t stream) {
+  if (tokens * dim == 0) return absl::OkStatus();
+  MoeCombineKernel<<<Blocks(tokens * dim), kThreads, 0, stream>>>(expert_out, pos, weights, tokens,
+                                                                  top_k, dim, shared, out);
+  return LaunchError("MoeCombine");
+}
+
+absl::Status FillRandomBf16(__nv_bfloat16* dst, int64_t n, int kind, float stddev, uint64_t seed,
+                            cudaStream_t stream) {
+  if (n == 0) return absl::OkStatus();
+  FillRandomKernel<<<Blocks(n), kThreads, 0, stream>>>(dst, n, kind, stddev, seed);
+  return LaunchError("FillRandomBf16");
+}
+
+}  // namespace strata::cuda
