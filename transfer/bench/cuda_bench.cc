@@ -97,7 +97,8 @@ absl::StatusOr<nlohmann::json> RunCudaBench(const TransferBenchOptions& o) {
           ASSIGN_OR_RETURN_WITH(
               Measured m,
               RunCase(*engine, *peer, h2d ? dram_cap : gpu_cap, o.segment_bytes, block, batch, conc,
-                      o.seconds_per_case, h2d ? "dram" : "gpu", h2d ? dst_base : nullptr),
+                      o.seconds_per_case, h2d ? "dram" : "gpu",
+                      h2d ? dst_base : static_cast<char*>(host_dst.base)),
               "cuda ", dir, " ", SizeName(block));
           const std::string name = StrCat("cuda_", dir);
           out["cases"].push_back({{"transport", name},

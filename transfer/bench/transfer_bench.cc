@@ -31,8 +31,8 @@ double Percentile(std::vector<double>& v, double p) {
 }  // namespace
 
 // `concurrency` threads, each submitting batches of `batch` reads of `block` bytes back to back.
-// Destinations: a host buffer per thread, or (dst_base set: device memory for the cuda cases)
-// dst_base + t * batch * block.
+// Destinations: a host buffer per thread, or (dst_base set, for the cuda cases: device memory, or a
+// registered host segment) dst_base + t * batch * block.
 absl::StatusOr<Measured> RunCase(TransferEngine& engine, Peer& peer, const std::string& cap,
                                  uint64_t segment_bytes, uint64_t block, int batch, int concurrency,
                                  double seconds, const std::string& segment, char* dst_base) {

@@ -1,0 +1,47 @@
+#!/bin/bash
+# Device run of gpu_suite_stage.sh: logs and JSON under $OUT, everything under one deadline.
+cd "$(dirname "$0")"
+start=$(date +%s)
+left() { echo $(( ${DEADLINE:-400} - ($(date +%s) - start) )); }
+[ -f lib.tgz ] && [ ! -d lib ] && tar xzf lib.tgz
+cudalib=$(dirname "$(ls /usr/local/cuda/lib64/libcublas.so.13 2>/dev/null || find / -name 'libcublas.so.13' 2>/dev/null | head -1)")
+export LD_LIBRARY_PATH=$PWD/lib:$cudalib
+./strata --help > /dev/null 2>&1 || export LD_LIBRARY_PATH=$PWD/lib:$cudalib:$PWD/libcxx
+./strata --help > /dev/null || { ldd ./strata | grep "not found"; exit 3; }
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader; date -u
+
+timeout 150 ./compute_nodes_cuda_engine_test > $OUT/cuda_engine_test.log 2>&1
+echo "cuda_engine_test rc=$? at $(( $(date +%s) - start )) s"
+grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED  \]|Failure" $OUT/cuda_engine_test.log | head -20
+
+timeout 90 ./transfer_cuda_test > $OUT/transfer_cuda_test.log 2>&1
+echo "transfer_cuda_test rc=$? at $(( $(date +%s) - start )) s"
+grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED  \]|Failure" $OUT/transfer_cuda_test.log | head -20
+
+timeout $(( $(left) < 120 ? $(left) : 120 )) ./strata bench transfer --transports cuda,shm \
+  --json $OUT/bench_transfer.json > $OUT/bench_transfer.log 2>&1
+echo "bench transfer rc=$? at $(( $(date +%s) - start )) s"
+python3 -c "import json; d=json.load(open('$OUT/bench_transfer.json')); print(d['ratios']); print(d.get('baselines', {}).get('cuda_memcpy_pinned'))" 2>/dev/null \
+  || tail -5 $OUT/bench_transfer.log
+
+# A cuda worker daemon serving a generate call; its tokens against the cpu backend's.
+m=/tmp/gpu-suite-model
+./strata model make-random --preset small-v3 --out $m > $OUT/make_random.log 2>&1
+ids=5,17,300,4000,12,99,1024,7,65,2048,31,8
+./strata generate --model $m --prompt-ids $ids --max-tokens 16 --backend cpu > $OUT/gen_cpu.txt 2>&1
+echo "generate cpu rc=$?"
+./strata generate --model $m --prompt-ids $ids --max-tokens 16 --backend cuda > $OUT/gen_cuda.txt 2>&1
+echo "generate cuda rc=$?"
+rm -f /tmp/gpu-suite-ready
+./strata worker --model $m --set worker.backend=cuda --set worker.listen=127.0.0.1:0 \
+  --set worker.http_listen=127.0.0.1:0 --ready-file /tmp/gpu-suite-ready > $OUT/worker.log 2>&1 &
+wpid=$!
+for i in $(seq 1 60); do [ -s /tmp/gpu-suite-ready ] && break; sleep 1; done
+cat /tmp/gpu-suite-ready 2>/dev/null; port=$(sed -n 's/.*grpc=\([0-9]*\).*/\1/p' /tmp/gpu-suite-ready 2>/dev/null)
+if [ -n "$port" ]; then
+  timeout 60 ./strata generate --model $m --prompt-ids $ids --max-tokens 16 --worker 127.0.0.1:$port > $OUT/gen_worker.txt 2>&1
+  echo "generate via cuda worker rc=$?"
+fi
+kill $wpid 2>/dev/null; wait $wpid 2>/dev/null
+for f in gen_cpu gen_cuda gen_worker; do echo "== $f"; tail -3 $OUT/$f.txt 2>/dev/null; done
+echo "done at $(( $(date +%s) - start )) s"
