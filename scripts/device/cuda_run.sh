@@ -7,11 +7,8 @@
 #   BENCH_ARGS="--batch 1,16,64 --context 1024 --steps 20"
 cd "$(dirname "$0")"
 start=$(date +%s)
-[ -f lib.tgz ] && [ ! -d lib ] && tar xzf lib.tgz
-cudalib=$(dirname "$(ls /usr/local/cuda/lib64/libcublas.so.13 2>/dev/null || find / -name 'libcublas.so.13' 2>/dev/null | head -1)")
-export LD_LIBRARY_PATH=$PWD/lib:$cudalib
-./strata --help > /dev/null 2>&1 || export LD_LIBRARY_PATH=$PWD/lib:$cudalib:$PWD/libcxx
-./strata --help > /dev/null || { ldd ./strata | grep "not found"; exit 3; }
+source ./libpath.sh
+stage_libpath strata --help || exit 3
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw,memory.used --format=csv
 date -u; nproc; free -g | head -2; df -h /tmp | tail -1
 steps=${STEPS:-test bench hf}

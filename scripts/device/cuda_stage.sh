@@ -9,18 +9,8 @@ set -euo pipefail
 build=$1
 dest=$2/.devwork/${3:-cuda}
 rm -rf "$dest"
-mkdir -p "$dest/lib" "$dest/libcxx"
-cp "$build/cli/strata" "$build/tests/compute_nodes/compute_nodes_cuda_engine_test" "$dest/"
-strip "$dest"/strata "$dest"/compute_nodes_cuda_engine_test
-for lib in $(ldd "$dest"/strata "$dest"/compute_nodes_cuda_engine_test | awk '/=>/ {print $3}' | sort -u); do
-  case $(basename "$lib") in
-    libc.so*|libm.so*|libdl.so*|libpthread.so*|librt.so*) ;;
-    libcublas*|libcudart*|libcuda.so*) ;;  # the device's CUDA 13.0
-    libstdc++.so*|libgcc_s.so*) cp -L "$lib" "$dest/libcxx/" ;;
-    *) cp -L "$lib" "$dest/lib/" ;;
-  esac
-done
-tar czf "$dest/lib.tgz" -C "$dest" lib libcxx && rm -rf "$dest/lib" "$dest/libcxx"
+source "$(dirname "$0")/bundle.sh"
+bundle_binaries "$dest" "$build/cli/strata" "$build/tests/compute_nodes/compute_nodes_cuda_engine_test"
 cp "$(dirname "$0")/cuda_run.sh" "$dest/run.sh"
 cp "$(dirname "$0")/hf_compare_cuda.py" "$dest/"
 du -sh "$dest"

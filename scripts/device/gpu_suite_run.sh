@@ -3,11 +3,8 @@
 cd "$(dirname "$0")"
 start=$(date +%s)
 left() { echo $(( ${DEADLINE:-400} - ($(date +%s) - start) )); }
-[ -f lib.tgz ] && [ ! -d lib ] && tar xzf lib.tgz
-cudalib=$(dirname "$(ls /usr/local/cuda/lib64/libcublas.so.13 2>/dev/null || find / -name 'libcublas.so.13' 2>/dev/null | head -1)")
-export LD_LIBRARY_PATH=$PWD/lib:$cudalib
-./strata --help > /dev/null 2>&1 || export LD_LIBRARY_PATH=$PWD/lib:$cudalib:$PWD/libcxx
-./strata --help > /dev/null || { ldd ./strata | grep "not found"; exit 3; }
+source ./libpath.sh
+stage_libpath strata --help || exit 3
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader; date -u
 
 timeout 150 ./compute_nodes_cuda_engine_test > $OUT/cuda_engine_test.log 2>&1

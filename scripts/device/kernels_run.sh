@@ -5,11 +5,9 @@
 #   BENCH_ONLY=mla_decode,prefill,kv_pages       bench groups (default: all; "none" skips)
 #   BENCH_ITERS=30
 cd "$(dirname "$0")"
-[ -f lib.tgz ] && [ ! -d lib ] && tar xzf lib.tgz
-export LD_LIBRARY_PATH=$PWD/lib
+source ./libpath.sh
 probe=$(ls kernels_*_test | head -1)
-./$probe --gtest_list_tests > /dev/null 2>&1 || export LD_LIBRARY_PATH=$PWD/lib:$PWD/libcxx
-./$probe --gtest_list_tests > /dev/null || exit 3
+stage_libpath "$probe" --gtest_list_tests || exit 3
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv
 date -u
 tests=${TESTS:-$(ls kernels_*_test)}

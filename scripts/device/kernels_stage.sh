@@ -8,20 +8,8 @@ set -euo pipefail
 build=$1
 dest=$2/.devwork/${3:-kernels}
 rm -rf "$dest"
-mkdir -p "$dest/lib" "$dest/libcxx"
+source "$(dirname "$0")/bundle.sh"
 # strata (for the benchmarks) is optional: tests alone can run while it still builds.
-[ -x "$build/cli/strata" ] && cp "$build/cli/strata" "$dest/"
-cp "$build"/tests/kernels/kernels_*_test "$dest/"
-strip "$dest"/strata "$dest"/kernels_*_test 2>/dev/null || strip "$dest"/kernels_*_test
-for lib in $(ldd "$dest"/kernels_*_test $(ls "$dest"/strata 2>/dev/null) | awk '/=>/ {print $3}' | sort -u); do
-  case $(basename "$lib") in
-    libc.so*|libm.so*|libdl.so*|libpthread.so*|librt.so*) ;;
-    # Used only if the device's own C++ runtime is too old (run.sh falls back to these).
-    libstdc++.so*|libgcc_s.so*) cp -L "$lib" "$dest/libcxx/" ;;
-    *) cp -L "$lib" "$dest/lib/" ;;
-  esac
-done
-# The device tool carries at most 64 MiB: ship the libraries compressed (run.sh unpacks them).
-tar czf "$dest/lib.tgz" -C "$dest" lib libcxx && rm -rf "$dest/lib" "$dest/libcxx"
+bundle_binaries "$dest" "$build"/tests/kernels/kernels_*_test $(ls "$build/cli/strata" 2>/dev/null)
 cp "$(dirname "$0")/kernels_run.sh" "$dest/run.sh"
 du -sh "$dest"

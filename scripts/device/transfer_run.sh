@@ -3,9 +3,8 @@
 # `strata bench transfer` with cuda (pinned cudaMemcpy H2D/D2H baselines, cuda_h2d_vs_memcpy_1MiB)
 # plus shm and tcp; logs and JSON under $OUT.
 cd "$(dirname "$0")"
-[ -f lib.tgz ] && [ ! -d lib ] && tar xzf lib.tgz
-export LD_LIBRARY_PATH=$PWD/lib
-./transfer_cuda_test --gtest_list_tests > /dev/null 2>&1 || export LD_LIBRARY_PATH=$PWD/lib:$PWD/libcxx
+source ./libpath.sh
+stage_libpath transfer_cuda_test --gtest_list_tests || exit 3
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv
 date -u
 timeout 240 ./transfer_cuda_test --gtest_repeat=2 > $OUT/transfer_cuda_test.log 2>&1

@@ -7,16 +7,7 @@ set -euo pipefail
 build=$1
 dest=$2/.devwork/${3:-xfer}
 rm -rf "$dest"
-mkdir -p "$dest/lib" "$dest/libcxx"
-cp "$build/cli/strata" "$build/tests/transfer/transfer_cuda_test" "$dest/"
-strip "$dest/strata" "$dest/transfer_cuda_test"
-for lib in $(ldd "$dest/strata" "$dest/transfer_cuda_test" | awk '/=>/ {print $3}' | sort -u); do
-  case $(basename "$lib") in
-    libc.so*|libm.so*|libdl.so*|libpthread.so*|librt.so*) ;;
-    libstdc++.so*|libgcc_s.so*) cp -L "$lib" "$dest/libcxx/" ;;
-    *) cp -L "$lib" "$dest/lib/" ;;
-  esac
-done
-tar czf "$dest/lib.tgz" -C "$dest" lib libcxx && rm -rf "$dest/lib" "$dest/libcxx"
+source "$(dirname "$0")/bundle.sh"
+bundle_binaries "$dest" "$build/cli/strata" "$build/tests/transfer/transfer_cuda_test"
 cp "$(dirname "$0")/transfer_run.sh" "$dest/run.sh"
 du -sh "$dest"
