@@ -38,7 +38,7 @@ absl::Status CpuEngine::Forward(std::span<const SequenceInput> batch,
                                 std::vector<runtime::SequenceOutput>* outputs) {
   const auto start = Clock::now();
   absl::Status st = Run(batch, outputs);
-  times_.forward_s += Seconds(start, Clock::now());
+  AddTime(&Times::forward_s, Seconds(start, Clock::now()));
   return st;
 }
 
@@ -133,8 +133,8 @@ absl::Status CpuEngine::Run(std::span<const SequenceInput> batch,
       const Context& context = ContextFor(l, in, &scratch_context_);
       const auto t1 = Clock::now();
       for (int64_t hd = 0; hd < heads; ++hd) AttendMha(in, context, qs, rows, hd, os);
-      times_.decompress_s += Seconds(t0, t1);
-      times_.attention_s += Seconds(t1, Clock::now());
+      AddTime(&Times::decompress_s, Seconds(t0, t1));
+      AddTime(&Times::attention_s, Seconds(t1, Clock::now()));
     }
     const auto t0 = Clock::now();
     ParallelFor(static_cast<int64_t>(absorbed_tasks.size()), [&](int64_t i) {
@@ -144,7 +144,7 @@ absl::Status CpuEngine::Run(std::span<const SequenceInput> batch,
                      static_cast<int64_t>(in.tokens.size()), absorbed_tasks[i] % heads,
                      attn.data() + first_row[s] * heads * c.v_head_dim);
     });
-    times_.attention_s += Seconds(t0, Clock::now());
+    AddTime(&Times::attention_s, Seconds(t0, Clock::now()));
     LinearForward(L.o_proj, attn.data(), n, x.data(), /*accumulate=*/true);
 
     std::copy(x.begin(), x.end(), xn.begin());

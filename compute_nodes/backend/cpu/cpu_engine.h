@@ -38,13 +38,16 @@ class CpuEngine final : public runtime::Engine {
   void ForgetSequence(uint64_t id) override;
 
   // Wall time spent since construction: in Forward, and within it decompressing contexts and in
-  // attention (both forms). Read between calls (not synchronized with a running Forward).
+  // attention (both forms). Thread-safe; a running Forward adds its parts as they finish.
   struct Times {
     double forward_s = 0;
     double decompress_s = 0;
     double attention_s = 0;
   };
-  Times times() const { return times_; }
+  Times times() const {
+    std::lock_guard<std::mutex> lock(times_mu_);
+    return times_;
+  }
   // Bytes of decompressed context kept for live sequences, and that plus the spare buffers of
   // finished ones (reused by the next sequence; never over the budget).
   int64_t context_cache_bytes_used() const;
@@ -130,6 +133,11 @@ class CpuEngine final : public runtime::Engine {
   std::unordered_map<uint64_t, CachedContext> context_cache_;
   std::vector<std::vector<Context>> spare_;
   uint64_t use_clock_ = 0;
+  void AddTime(double Times::*part, double seconds) {
+    std::lock_guard<std::mutex> lock(times_mu_);
+    times_.*part += seconds;
+  }
+  mutable std::mutex times_mu_;
   Times times_;
 };
 
