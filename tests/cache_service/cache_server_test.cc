@@ -69,6 +69,38 @@ class CacheServerTest : public ::testing::Test {
     return admin_->GetStats(&ctx, {}, resp);
   }
 
+  // Stores the chain `keys` as a client on this host does: Reserve, a direct write of each payload
+  // into its DRAM slot, Commit with the checksums.
+  void PutChain(const Namespace& ns, const std::vector<BlockKey>& keys, const std::string& tenant,
+                const std::string& client_id, v1::CommitResponse* mresp) {
+    v1::ReserveRequest rreq;
+    rreq.set_client_id(client_id);
+    rreq.set_namespace_id(std::string(ns.View()));
+    rreq.set_tenant(tenant);
+    for (size_t i = 0; i < keys.size(); ++i) {
+      auto* b = rreq.add_blocks();
+      b->set_key(std::string(keys[i].View()));
+      if (i > 0) b->set_parent_key(std::string(keys[i - 1].View()));
+      b->set_payload_bytes(kBytes);
+    }
+    grpc::ClientContext rctx;
+    v1::ReserveResponse rresp;
+    ASSERT_TRUE(control_->Reserve(&rctx, rreq, &rresp).ok());
+    v1::CommitRequest commit;
+    commit.set_lease_id(rresp.lease().lease_id());
+    for (size_t i = 0; i < keys.size(); ++i) {
+      ASSERT_EQ(rresp.slots(i).status().code(), 0);
+      const std::string data = Payload(keys[i], kBytes);
+      std::memcpy(server_->store().dram().base() + rresp.slots(i).location().offset(), data.data(),
+                  kBytes);
+      auto* c = commit.add_blocks();
+      c->set_key(std::string(keys[i].View()));
+      c->set_checksum(Checksum64(data));
+    }
+    grpc::ClientContext mctx;
+    ASSERT_TRUE(control_->Commit(&mctx, commit, mresp).ok());
+  }
+
   std::unique_ptr<CacheServer> server_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::CacheControl::Stub> control_;
@@ -135,32 +167,8 @@ TEST_F(CacheServerTest, ControlRoundTripAndEventStream) {
 
   const Namespace ns = Ns("grpc");
   const auto keys = Chain(ns, 2, 1);
-  v1::ReserveRequest rreq;
-  rreq.set_namespace_id(std::string(ns.View()));
-  rreq.set_tenant("t");
-  for (size_t i = 0; i < keys.size(); ++i) {
-    auto* b = rreq.add_blocks();
-    b->set_key(std::string(keys[i].View()));
-    if (i > 0) b->set_parent_key(std::string(keys[i - 1].View()));
-    b->set_payload_bytes(kBytes);
-  }
-  grpc::ClientContext rctx;
-  v1::ReserveResponse rresp;
-  ASSERT_TRUE(control_->Reserve(&rctx, rreq, &rresp).ok());
-  v1::CommitRequest commit;
-  commit.set_lease_id(rresp.lease().lease_id());
-  for (size_t i = 0; i < keys.size(); ++i) {
-    ASSERT_EQ(rresp.slots(i).status().code(), 0);
-    const std::string data = Payload(keys[i], kBytes);
-    std::memcpy(server_->store().dram().base() + rresp.slots(i).location().offset(), data.data(),
-                kBytes);
-    auto* c = commit.add_blocks();
-    c->set_key(std::string(keys[i].View()));
-    c->set_checksum(Checksum64(data));
-  }
-  grpc::ClientContext mctx;
   v1::CommitResponse mresp;
-  ASSERT_TRUE(control_->Commit(&mctx, commit, &mresp).ok());
+  ASSERT_NO_FATAL_FAILURE(PutChain(ns, keys, /*tenant=*/"t", /*client_id=*/"", &mresp));
   EXPECT_TRUE(mresp.durable());
 
   grpc::ClientContext lctx;
@@ -334,32 +342,8 @@ TEST_F(CacheServerTest, MetricsCountBytesPerTransportAndTier) {
 
   const Namespace ns = Ns("metrics");
   const auto keys = Chain(ns, 2, 9);
-  v1::ReserveRequest rreq;
-  rreq.set_client_id("metrics-client");
-  rreq.set_namespace_id(std::string(ns.View()));
-  for (size_t i = 0; i < keys.size(); ++i) {
-    auto* b = rreq.add_blocks();
-    b->set_key(std::string(keys[i].View()));
-    if (i > 0) b->set_parent_key(std::string(keys[i - 1].View()));
-    b->set_payload_bytes(kBytes);
-  }
-  grpc::ClientContext rctx;
-  v1::ReserveResponse rresp;
-  ASSERT_TRUE(control_->Reserve(&rctx, rreq, &rresp).ok());
-  v1::CommitRequest commit;
-  commit.set_lease_id(rresp.lease().lease_id());
-  for (size_t i = 0; i < keys.size(); ++i) {
-    ASSERT_EQ(rresp.slots(i).status().code(), 0);
-    const std::string data = Payload(keys[i], kBytes);
-    std::memcpy(server_->store().dram().base() + rresp.slots(i).location().offset(), data.data(),
-                kBytes);
-    auto* c = commit.add_blocks();
-    c->set_key(std::string(keys[i].View()));
-    c->set_checksum(Checksum64(data));
-  }
-  grpc::ClientContext mctx;
   v1::CommitResponse mresp;
-  ASSERT_TRUE(control_->Commit(&mctx, commit, &mresp).ok());
+  ASSERT_NO_FATAL_FAILURE(PutChain(ns, keys, /*tenant=*/"", "metrics-client", &mresp));
   grpc::ClientContext lctx;
   v1::LookupRequest lreq;
   lreq.set_client_id("metrics-client");

@@ -60,6 +60,19 @@ class RdmaFakeNicTest : public ::testing::Test {
                                       .expires = absl::Now() + ttl});
   }
 
+  // One read of [offset, offset + length) of "seg" into `local`, with a read capability.
+  std::shared_ptr<Batch> ReadSeg(TransferEngine& engine, Peer& peer, void* local, uint64_t offset,
+                                 uint64_t length, absl::Duration timeout) {
+    return engine.Submit(peer,
+                         {{.op = OpKind::kRead,
+                           .local = local,
+                           .segment = "seg",
+                           .offset = offset,
+                           .length = length,
+                           .capability = Cap(Access::kRead)}},
+                         {.timeout = timeout});
+  }
+
   ClusterSecret secret_{"rdma-secret"};
   std::shared_ptr<FakeFabric> fabric_ = std::make_shared<FakeFabric>();
   std::vector<uint8_t> mem_;
@@ -184,14 +197,7 @@ TEST_F(RdmaFakeNicTest, TransientErrorsAreRetriedOnRebuiltQps) {
   const int64_t qps = fabric_->qps_created();
   fabric_->FailNext(3, rdma::WcStatus::kRetryExceeded);
   std::vector<uint8_t> buf(1 << 20);
-  auto batch = engine->Submit(*peer,
-                              {{.op = OpKind::kRead,
-                                .local = buf.data(),
-                                .segment = "seg",
-                                .offset = 4096,
-                                .length = buf.size(),
-                                .capability = Cap(Access::kRead)}},
-                              {.timeout = absl::Seconds(20)});
+  auto batch = ReadSeg(*engine, *peer, buf.data(), 4096, buf.size(), absl::Seconds(20));
   ASSERT_TRUE(batch->Wait(absl::Seconds(30)));
   ASSERT_TRUE(batch->FirstError().ok()) << batch->FirstError();
   EXPECT_EQ(0, std::memcmp(buf.data(), mem_.data() + 4096, buf.size()));
@@ -199,14 +205,7 @@ TEST_F(RdmaFakeNicTest, TransientErrorsAreRetriedOnRebuiltQps) {
 
   // More failures than attempts: a clear Unavailable, not a hang.
   fabric_->FailNext(1000, rdma::WcStatus::kRetryExceeded);
-  auto bad = engine->Submit(*peer,
-                            {{.op = OpKind::kRead,
-                              .local = buf.data(),
-                              .segment = "seg",
-                              .offset = 0,
-                              .length = 4096,
-                              .capability = Cap(Access::kRead)}},
-                            {.timeout = absl::Seconds(20)});
+  auto bad = ReadSeg(*engine, *peer, buf.data(), 0, 4096, absl::Seconds(20));
   ASSERT_TRUE(bad->Wait(absl::Seconds(30)));
   EXPECT_TRUE(absl::IsUnavailable(bad->status(0))) << bad->status(0);
   fabric_->FailNext(0, rdma::WcStatus::kRetryExceeded);
@@ -218,14 +217,7 @@ TEST_F(RdmaFakeNicTest, StalledNicEndsWithDeadlineAndNeverWritesTheBufferLate) {
   fabric_->SetStalled(true);
   std::vector<uint8_t> buf(64 << 10, 0xEE);
   const absl::Time start = absl::Now();
-  auto batch = engine->Submit(*peer,
-                              {{.op = OpKind::kRead,
-                                .local = buf.data(),
-                                .segment = "seg",
-                                .offset = 0,
-                                .length = buf.size(),
-                                .capability = Cap(Access::kRead)}},
-                              {.timeout = absl::Milliseconds(300)});
+  auto batch = ReadSeg(*engine, *peer, buf.data(), 0, buf.size(), absl::Milliseconds(300));
   ASSERT_TRUE(batch->Wait(absl::Seconds(20)));
   EXPECT_TRUE(absl::IsDeadlineExceeded(batch->status(0))) << batch->status(0);
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));
@@ -233,14 +225,7 @@ TEST_F(RdmaFakeNicTest, StalledNicEndsWithDeadlineAndNeverWritesTheBufferLate) {
   // The held work request was flushed, not executed: the buffer is untouched.
   EXPECT_EQ(std::count(buf.begin(), buf.end(), 0xEE), static_cast<long>(buf.size()));
   // The channel recovers (QPs rebuilt) for the next request.
-  auto again = engine->Submit(*peer,
-                              {{.op = OpKind::kRead,
-                                .local = buf.data(),
-                                .segment = "seg",
-                                .offset = 0,
-                                .length = buf.size(),
-                                .capability = Cap(Access::kRead)}},
-                              {.timeout = absl::Seconds(20)});
+  auto again = ReadSeg(*engine, *peer, buf.data(), 0, buf.size(), absl::Seconds(20));
   ASSERT_TRUE(again->Wait(absl::Seconds(30)));
   ASSERT_TRUE(again->FirstError().ok()) << again->FirstError();
   EXPECT_EQ(0, std::memcmp(buf.data(), mem_.data(), buf.size()));
@@ -292,14 +277,7 @@ TEST_F(RdmaFakeNicTest, CorruptWriteIsCaughtByTheOwnerAndCloseCancelsWhatTheNicH
 
   // Closing the engine's peer with requests stuck in the NIC cancels them promptly.
   fabric_->SetStalled(true);
-  auto stuck = engine->Submit(*peer,
-                              {{.op = OpKind::kRead,
-                                .local = buf.data(),
-                                .segment = "seg",
-                                .offset = 0,
-                                .length = buf.size(),
-                                .capability = Cap(Access::kRead)}},
-                              {.timeout = absl::Seconds(60)});
+  auto stuck = ReadSeg(*engine, *peer, buf.data(), 0, buf.size(), absl::Seconds(60));
   peer.reset();  // closes the channel
   ASSERT_TRUE(stuck->Wait(absl::Seconds(20)));
   EXPECT_TRUE(absl::IsCancelled(stuck->status(0))) << stuck->status(0);

@@ -268,7 +268,6 @@ void CpuEngine::TrimContextCache(std::span<const SequenceInput> batch) {
 void CpuEngine::RetireLocked(std::unordered_map<uint64_t, CachedContext>::iterator it) {
   spare_.push_back(std::move(it->second.layers));
   context_cache_.erase(it);
-  EnforceBudgetLocked();
 }
 
 void CpuEngine::EnforceBudgetLocked() {
@@ -292,7 +291,10 @@ void CpuEngine::EnforceBudgetLocked() {
 
 void CpuEngine::ForgetSequence(uint64_t id) {
   std::lock_guard<std::mutex> lock(cache_mu_);
-  if (auto it = context_cache_.find(id); it != context_cache_.end()) RetireLocked(it);
+  if (auto it = context_cache_.find(id); it != context_cache_.end()) {
+    RetireLocked(it);
+    EnforceBudgetLocked();
+  }
 }
 
 int64_t CpuEngine::context_cache_bytes_used() const {

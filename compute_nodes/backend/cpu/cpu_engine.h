@@ -111,8 +111,8 @@ class CpuEngine final : public runtime::Engine {
     int64_t bytes() const { return LayersBytes(layers); }
   };
   static int64_t LayersBytes(const std::vector<Context>& layers);
-  // Under cache_mu_: moves a sequence's buffers to the spares; trims spares, then the least
-  // recently used sequences, to the budget.
+  // Under cache_mu_: RetireLocked moves a sequence's buffers to the spares; EnforceBudgetLocked
+  // trims spares, then the least recently used sequences, to the budget.
   void RetireLocked(std::unordered_map<uint64_t, CachedContext>::iterator it);
   void EnforceBudgetLocked();
 
