@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string_view>
 
 namespace strata {
@@ -26,5 +27,25 @@ class Checksum64Stream {
  private:
   XXH3_state_t* state_;
 };
+
+// Copies `size` bytes from `src` to `dst` and returns their checksum (= Checksum64(dst, size)),
+// hashing each piece right after copying it, while it is still in cache: one pass over memory
+// where a copy and then a checksum make two.
+inline uint64_t CopyAndChecksum64(void* dst, const void* src, size_t size) {
+  constexpr size_t kPiece = 64 << 10;  // well inside a core's L2
+  if (size <= kPiece) {
+    std::memcpy(dst, src, size);
+    return Checksum64(dst, size);
+  }
+  Checksum64Stream sum;
+  auto* d = static_cast<char*>(dst);
+  const auto* s = static_cast<const char*>(src);
+  for (size_t done = 0; done < size; done += kPiece) {
+    const size_t n = size - done < kPiece ? size - done : kPiece;
+    std::memcpy(d + done, s + done, n);
+    sum.Update(d + done, n);
+  }
+  return sum.Digest();
+}
 
 }  // namespace strata

@@ -22,16 +22,19 @@ constexpr absl::Duration kWatchdogTick = absl::Milliseconds(20);
 
 class PeerImpl : public Peer {
  public:
-  PeerImpl(PeerSpec spec, TransportKind kind, std::unique_ptr<Channel> channel)
-      : spec_(std::move(spec)), kind_(kind), channel_(std::move(channel)) {}
+  PeerImpl(PeerSpec spec, TransportKind kind, TransportCapabilities caps,
+           std::unique_ptr<Channel> channel)
+      : spec_(std::move(spec)), kind_(kind), caps_(caps), channel_(std::move(channel)) {}
   ~PeerImpl() override { channel_->Close(); }
   const PeerSpec& spec() const override { return spec_; }
   TransportKind transport() const override { return kind_; }
   Channel& channel() { return *channel_; }
+  const TransportCapabilities& capabilities() const { return caps_; }
 
  private:
   PeerSpec spec_;
   TransportKind kind_;
+  TransportCapabilities caps_;
   std::unique_ptr<Channel> channel_;
 };
 
@@ -279,7 +282,8 @@ absl::StatusOr<std::shared_ptr<Peer>> TransferEngine::OpenPeer(const PeerSpec& p
       if (!attempts.empty()) {
         spdlog::info("transfer: peer {} uses {} ({})", peer.name, name, StrJoin(attempts, "; "));
       }
-      return std::shared_ptr<Peer>(std::make_shared<PeerImpl>(peer, kind, *std::move(channel)));
+      return std::shared_ptr<Peer>(
+          std::make_shared<PeerImpl>(peer, kind, transport->capabilities(), *std::move(channel)));
     }
     forced_unusable = false;
     attempts.push_back(StrCat(name, ": ", ToStd(channel.status().message())));
@@ -298,9 +302,9 @@ std::shared_ptr<Batch> TransferEngine::Submit(Peer& peer, std::vector<TransferOp
   batch->lengths_.resize(n);
   const absl::Time deadline = absl::Now() + options.timeout;
   auto checks = std::make_shared<std::vector<BatchCompleter::Check>>(n);
-  // The cuda transport checks checksums itself: a local buffer may be device memory, which
-  // this (host) code cannot hash.
-  const bool host_checks = peer.transport() != TransportKind::kCuda;
+  // Transports that verify reads in transit (shm while copying; cuda, whose local buffers may be
+  // device memory this host code cannot hash) spare the batch a second pass over the bytes.
+  const bool host_checks = !static_cast<PeerImpl&>(peer).capabilities().verifies_read_checksums;
   std::vector<TransferRequest> requests;
   std::vector<size_t> request_index;  // requests[j] is ops[request_index[j]]
   std::vector<std::pair<size_t, absl::Status>> failed;

@@ -88,6 +88,9 @@ struct TransportCapabilities {
   bool zero_copy = false;           // no intermediate copies in user space on either side
   bool device_memory = false;       // can move device (GPU) memory directly
   bool needs_registration = false;  // local buffers must be registered (rdma MRs, pinning)
+  // Checks a read's bytes against TransferRequest::checksum itself, in transit (shm: while
+  // copying; cuda: where the bytes are), so the engine does not hash the destination again.
+  bool verifies_read_checksums = false;
 };
 
 class Channel {

@@ -141,5 +141,18 @@ TEST(ChecksumTest, StreamingEqualsOneShot) {
   EXPECT_NE(stream.Digest(), Checksum64(data));
 }
 
+TEST(ChecksumTest, CopyAndChecksumCopiesAndEqualsOneShot) {
+  std::string src((1 << 20) + 4097, '\0');
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<char>(i * 131 + (i >> 12));
+  // Below, at and around the copy piece (64 KiB), and many pieces with a ragged tail.
+  for (size_t size :
+       {size_t{0}, size_t{1}, size_t{65535}, size_t{65536}, size_t{65537}, src.size()}) {
+    std::string dst(size, '\x5a');
+    EXPECT_EQ(CopyAndChecksum64(dst.data(), src.data(), size), Checksum64(src.data(), size))
+        << size;
+    EXPECT_EQ(dst, src.substr(0, size)) << size;
+  }
+}
+
 }  // namespace
 }  // namespace strata

@@ -140,6 +140,30 @@ TEST_P(FaultTest, KilledLinksFailInFlightRequestsAndRecover) {
   EXPECT_GT(s.counters->killed.load(), 0);
 }
 
+// Without the decorator: shm verifies reads while it copies, tcp leaves it to the engine; either
+// way a read whose bytes do not match the checksum asked for ends with DataLoss, and one that
+// matches (a length of many copy pieces plus a ragged tail) arrives intact.
+TEST_P(FaultTest, ReadsAreCheckedAgainstTheirChecksumInTransitOrAfter) {
+  auto proc = testing_util::SpawnPeer(24);
+  ASSERT_NE(proc, nullptr);
+  auto engine = TransferEngine::Create({.host_id = "local",
+                                        .secret = ClusterSecret(testing_util::kSecret),
+                                        .force_transport = GetParam()});
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  auto peer = (*engine)->OpenPeer(proc->spec());
+  ASSERT_TRUE(peer.ok()) << peer.status();
+  std::vector<std::vector<uint8_t>> bufs;
+  std::vector<TransferOp> ops = CheckedReads(bufs, 2, (1 << 20) + 4097, 24);
+  ops[1].checksum = *ops[1].checksum ^ 1;
+  auto batch = (*engine)->Submit(**peer, std::move(ops), {.timeout = absl::Seconds(20)});
+  ASSERT_TRUE(batch->Wait(absl::Seconds(30)));
+  EXPECT_TRUE(batch->status(0).ok()) << batch->status(0);
+  EXPECT_TRUE(absl::IsDataLoss(batch->status(1))) << batch->status(1);
+  for (uint64_t j = 0; j < bufs[0].size(); j += 4093) {
+    ASSERT_EQ(bufs[0][j], PatternByte(24, j)) << "byte " << j;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Transports, FaultTest,
                          ::testing::Values(TransportKind::kShm, TransportKind::kTcp),
                          [](const auto& info) {

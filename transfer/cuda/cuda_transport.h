@@ -64,7 +64,8 @@ class CudaTransport : public Transport {
             .one_sided = true,
             .zero_copy = true,
             .device_memory = true,
-            .needs_registration = true};
+            .needs_registration = true,
+            .verifies_read_checksums = true};
   }
   // `endpoint` must be {kind: kCuda, address: kCudaLocalAddress}.
   absl::StatusOr<std::unique_ptr<Channel>> Connect(const PeerSpec& peer, const Endpoint& endpoint,

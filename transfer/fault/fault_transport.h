@@ -53,7 +53,12 @@ class FaultInjectingTransport : public Transport {
         counters_(counters ? std::move(counters) : std::make_shared<FaultCounters>()) {}
 
   TransportKind kind() const override { return inner_->kind(); }
-  TransportCapabilities capabilities() const override { return inner_->capabilities(); }
+  // A corrupted read is altered after the inner transport verified it: the engine must check.
+  TransportCapabilities capabilities() const override {
+    TransportCapabilities caps = inner_->capabilities();
+    caps.verifies_read_checksums = false;
+    return caps;
+  }
   absl::StatusOr<std::unique_ptr<Channel>> Connect(const PeerSpec& peer, const Endpoint& endpoint,
                                                    absl::Duration timeout) override;
 

@@ -89,7 +89,12 @@ class ShmChannel : public Channel {
     }
     char* remote = static_cast<char*>(m->base) + r.offset;
     if (r.op == OpKind::kRead) {
-      std::memcpy(r.local, remote, r.length);
+      if (!r.checksum) {
+        std::memcpy(r.local, remote, r.length);
+      } else if (CopyAndChecksum64(r.local, remote, r.length) != *r.checksum) {
+        return absl::DataLossError(StrCat("shm: read of ", r.segment, " [", r.offset, ", +",
+                                          r.length, ") does not match its checksum"));
+      }
     } else {
       std::memcpy(remote, r.local, r.length);
       if (r.checksum && Checksum64(remote, r.length) != *r.checksum) {

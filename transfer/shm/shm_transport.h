@@ -36,7 +36,10 @@ class ShmTransport : public Transport {
 
   TransportKind kind() const override { return TransportKind::kShm; }
   TransportCapabilities capabilities() const override {
-    return {.same_host_only = true, .one_sided = true, .zero_copy = true};
+    return {.same_host_only = true,
+            .one_sided = true,
+            .zero_copy = true,
+            .verifies_read_checksums = true};
   }
   absl::StatusOr<std::unique_ptr<Channel>> Connect(const PeerSpec& peer, const Endpoint& endpoint,
                                                    absl::Duration timeout) override;

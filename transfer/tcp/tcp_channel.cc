@@ -5,14 +5,15 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
-#include <algorithm>
 #include <deque>
 #include <mutex>
 #include <thread>
 
+#include "common/checksum.h"
 #include "common/status.h"
 #include "common/strings.h"
 #include "spdlog/spdlog.h"
@@ -30,6 +31,9 @@ constexpr size_t kScratchBytes = 256 << 10;
 // bytes (or all that remain, if fewer) have arrived (SO_RCVLOWAT): one wakeup and one large recv
 // instead of one per arriving segment. Small enough that copying overlaps the rest arriving.
 constexpr uint64_t kMaxLowat = 512 << 10;
+// A read with a checksum is hashed piece by piece as it arrives, each piece right after its
+// recv() while it is still in cache, instead of in a second pass over the whole buffer.
+constexpr size_t kHashPiece = 256 << 10;
 
 struct Op {
   TransferRequest req;
@@ -37,6 +41,7 @@ struct Op {
   std::shared_ptr<CompletionFn> done;
   wire::RequestHeader hdr;
   bool completed = false;
+  std::unique_ptr<Checksum64Stream> sum;  // reads with a checksum: the bytes received so far
 
   uint64_t FrameSize() const {
     return sizeof(hdr) + req.segment.size() + req.capability.size() +
@@ -123,6 +128,7 @@ class TcpChannel : public Channel {
       op->hdr.segment_len = static_cast<uint16_t>(r.segment.size());
       op->hdr.offset = r.offset;
       op->hdr.length = r.length;
+      if (r.op == OpKind::kRead && r.checksum) op->sum = std::make_unique<Checksum64Stream>();
       op->req = std::move(r);
       ops.push_back(std::move(op));
     }
@@ -388,7 +394,7 @@ class TcpChannel : public Channel {
           const uint64_t left = c.rh.payload_len - c.payload_got;
           if (!op.completed) {
             dst = static_cast<char*>(op.req.local) + c.payload_got;
-            want = left;
+            want = op.sum ? std::min<uint64_t>(left, kHashPiece) : left;
           } else {  // timed out: the caller's buffer is no longer ours
             dst = scratch_;
             want = std::min<uint64_t>(left, kScratchBytes);
@@ -422,6 +428,9 @@ class TcpChannel : public Channel {
           if (c.msg_got == c.msg.size()) AfterMessage(slot);
           break;
         case Conn::Rx::kPayload:
+          if (Op& op = *c.awaiting.front(); op.sum && !op.completed) {
+            op.sum->Update(dst, static_cast<size_t>(got));
+          }
           c.payload_got += static_cast<uint64_t>(got);
           if (c.payload_got == c.rh.payload_len) {
             Finish(slot);
@@ -485,7 +494,11 @@ class TcpChannel : public Channel {
     c.rx = Conn::Rx::kHeader;
     c.rh_got = 0;
     SetLowat(c, 1);  // headers are small
-    if (c.rh.code == 0) {
+    if (c.rh.code == 0 && op->sum && op->sum->Digest() != *op->req.checksum) {
+      op->Complete(absl::DataLossError(StrCat("tcp: read of ", op->req.segment, " [",
+                                              op->req.offset, ", +", op->req.length, ") from ",
+                                              peer_name_, " does not match its checksum")));
+    } else if (c.rh.code == 0) {
       op->Complete(absl::OkStatus());
     } else {
       op->Complete(absl::Status(static_cast<absl::StatusCode>(c.rh.code),

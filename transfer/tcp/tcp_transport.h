@@ -39,7 +39,10 @@ class TcpTransport : public Transport {
 
   TransportKind kind() const override { return TransportKind::kTcp; }
   TransportCapabilities capabilities() const override {
-    return {.same_host_only = false, .one_sided = false, .zero_copy = true};
+    return {.same_host_only = false,
+            .one_sided = false,
+            .zero_copy = true,
+            .verifies_read_checksums = true};
   }
   absl::StatusOr<std::unique_ptr<Channel>> Connect(const PeerSpec& peer, const Endpoint& endpoint,
                                                    absl::Duration timeout) override;
