@@ -37,6 +37,11 @@ using testing_util::Payload;
 
 constexpr size_t kBytes = 8000;
 constexpr int kKills = 20;
+// Chains one writer puts per round at most. The SSD tier (1 GiB of 8 KiB slots: ~31 k chains of
+// 4 below its high watermark) must hold everything the test ever writes, 20 x 3 x 200 chains at
+// most: an acknowledged block the tier evicted to make room would be a cache doing its job, not
+// a crash losing data. The test checks that the tier never evicted.
+constexpr int kChainsPerWriterPerRound = 200;
 
 // A client of one daemon incarnation: gRPC stubs and the DRAM arena mapped over shm.
 class Client {
@@ -129,6 +134,20 @@ class Client {
     return resp.hit_blocks();
   }
 
+  // SSD evictions since this incarnation started.
+  uint64_t SsdEvictions() {
+    grpc::ClientContext ctx;
+    ctx.AddMetadata("authorization", "Bearer crash-token");
+    v1::GetStatsResponse resp;
+    const grpc::Status st = admin_->GetStats(&ctx, {}, &resp);
+    EXPECT_TRUE(st.ok()) << st.error_message();
+    for (const auto& t : resp.tiers()) {
+      if (t.tier() == v1::TIER_SSD) return t.evictions();
+    }
+    ADD_FAILURE() << "no SSD tier in the stats";
+    return 0;
+  }
+
   std::vector<v1::BlockInfo> ListAll() {
     std::vector<v1::BlockInfo> out;
     v1::ListBlocksRequest req;
@@ -157,7 +176,7 @@ TEST(CacheCrashTest, SigkillDuringWriteThroughLosesNoAcknowledgedBlock) {
   const std::string dir = FreshDir("crash");
   const std::string token_file = dir + "/token";
   std::ofstream(token_file) << "crash-token\n";
-  Daemon daemon(dir + "/data", token_file);
+  Daemon daemon(dir + "/data", token_file, {"cache.ssd.capacity=1GiB"});
   const Namespace ns = Ns("crash");
 
   std::mutex mu;
@@ -200,7 +219,7 @@ TEST(CacheCrashTest, SigkillDuringWriteThroughLosesNoAcknowledgedBlock) {
     for (int w = 0; w < 3; ++w) {
       writers.emplace_back([&] {
         Client client(daemon.address());
-        while (!stop.load()) {
+        for (int n = 0; n < kChainsPerWriterPerRound && !stop.load(); ++n) {
           const auto chain = Chain(ns, 4, next_seed.fetch_add(1));
           if (client.Put(ns, chain)) {
             std::lock_guard<std::mutex> lock(mu);
@@ -213,9 +232,12 @@ TEST(CacheCrashTest, SigkillDuringWriteThroughLosesNoAcknowledgedBlock) {
     }
     std::this_thread::sleep_for(
         std::chrono::milliseconds(std::uniform_int_distribution<int>(100, 400)(rng)));
+    const uint64_t ssd_evictions = Client(daemon.address()).SsdEvictions();
     daemon.Kill();
     stop = true;
     for (auto& t : writers) t.join();
+    ASSERT_EQ(ssd_evictions, 0u) << "round " << round
+                                 << ": the SSD tier evicted; the test writes more than it holds";
   }
   daemon.Start();
   Client client(daemon.address());
