@@ -12,10 +12,15 @@
 //  - Absorbed form (decode): q_nope · W_UK per head (a strided-batched GEMM) then
 //    kernels/mla_decode over the latent pages (heads zero-padded to a multiple of 16), then
 //    · W_UVᵀ per head. A multi-token absorbed chunk is one decode query per token.
-// The MoE block routes with kernels/moe_router, copies the routing to the host (one sync per MoE
-// layer), gathers the tokens of each expert contiguously and runs one fused gate|up GEMM and one
-// down GEMM per expert that has tokens, SiLU×mul (kernels/activation) over all of them at once,
-// then a weighted combine with the shared experts' output.
+// The MoE block (moe_block.h) routes with kernels/moe_router; for decode-sized token counts the
+// routing stays on the device (kernels/moe_experts: per-expert slot groups, then grouped gate|up +
+// SiLU×mul and down kernels that read each active expert's weights once); for larger counts it
+// comes to the host (one sync per MoE layer) for one cuBLAS gate|up and down GEMM per expert. Then
+// a weighted combine with the shared experts' output.
+//
+// A step whose rows are all decode rows (and whose MoE stays on the device) is captured into a
+// CUDA graph keyed by its shape (decode_graph.h) and replayed on later steps of that shape; its
+// per-step metadata goes through one fixed device buffer uploaded before the replay.
 //
 // Logits are fp32 from a bf16 lm_head GEMM. Not thread-safe (one Forward at a time, as every
 // Engine); the pool's Export/ImportPage may be called between Forwards.
@@ -42,6 +47,8 @@ struct CudaEngineOptions {
   int64_t num_pages = 256;
   int64_t block_tokens = 64;  // the MLA decode kernel's page size; nothing else is accepted
   int device = 0;
+  bool cuda_graphs = true;             // capture and replay all-decode steps
+  int64_t moe_device_max_tokens = 256;  // MoE routing on the device up to this many tokens
 };
 
 // What the last Forward read from device memory (for the decode benchmark's HBM floor).
@@ -49,6 +56,8 @@ struct StepStats {
   int64_t weight_bytes = 0;  // weights read: every dense tensor, the routed experts that had tokens
   int64_t kv_bytes = 0;      // latent pages read by attention (every layer)
   int64_t tokens = 0;
+  bool graphed = false;    // the step ran as a CUDA graph (captured now or replayed)
+  double device_ms = 0.0;  // GPU time of the step's work (events), without the logits copy
 };
 
 class CudaEngine final : public runtime::Engine {
@@ -72,6 +81,9 @@ class CudaEngine final : public runtime::Engine {
   const DeviceWeights& weights() const { return *weights_; }
   const StepStats& last_step() const { return stats_; }
   cudaStream_t stream() const { return stream_; }
+  // Decode graphs captured / replayed so far.
+  int64_t graph_captures() const;
+  int64_t graph_replays() const;
 
  private:
   struct Impl;

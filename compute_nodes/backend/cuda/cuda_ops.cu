@@ -63,7 +63,8 @@ __global__ void MoeCombineKernel(const __nv_bfloat16* expert_out, const int64_t*
     const int64_t t = i / dim, d = i % dim;
     float acc = 0.f;
     for (int64_t k = 0; k < top_k; ++k) {
-      acc += weights[t * top_k + k] * __bfloat162float(expert_out[pos[t * top_k + k] * dim + d]);
+      const int64_t row = pos[t * top_k + k];
+      if (row >= 0) acc += weights[t * top_k + k] * __bfloat162float(expert_out[row * dim + d]);
     }
     if (shared != nullptr) acc += __bfloat162float(shared[i]);
     out[i] = __float2bfloat16_rn(acc);

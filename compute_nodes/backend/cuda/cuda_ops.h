@@ -37,7 +37,8 @@ struct CopyHeadsParams {
 absl::Status CopyHeads(const CopyHeadsParams& p, cudaStream_t stream);
 
 // out[t][d] = bf16(sum_k weights[t][k] * expert_out[pos[t][k]][d] (+ shared[t][d]))
-// for t < tokens, k < top_k, d < dim; pos indexes rows of expert_out.
+// for t < tokens, k < top_k, d < dim; pos indexes rows of expert_out (a negative pos is skipped:
+// a choice the MoE alignment rejected).
 absl::Status MoeCombine(const __nv_bfloat16* expert_out, const int64_t* pos, const float* weights,
                         int64_t tokens, int64_t top_k, int64_t dim, const __nv_bfloat16* shared,
                         __nv_bfloat16* out, cudaStream_t stream);

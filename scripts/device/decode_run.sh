@@ -1,0 +1,38 @@
+#!/bin/bash
+# Device run of the decode step (see decode_stage.sh), under one overall deadline; logs and JSON
+# under $OUT:
+#   STEPS="test bench"   which parts (default both)
+#   CONFIGS="base moe all"  bench variants: base = --cuda-graphs 0 --moe-device-max-tokens 0 (the
+#                        backend before the device MoE path and graphs), moe = device MoE without
+#                        graphs, all = both (default: all three)
+#   BENCH_ARGS="--batch 1,16,64 --context 1024 --steps 20"
+cd "$(dirname "$0")"
+start=$(date +%s)
+source ./libpath.sh
+stage_libpath strata --help || exit 3
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw,memory.used --format=csv
+date -u
+left() { echo $(( ${DEADLINE:-570} - ($(date +%s) - start) )); }
+steps=${STEPS:-test bench}
+if [[ $steps == *test* ]]; then
+  timeout $(( $(left) < 120 ? $(left) : 120 )) ./kernels_moe_experts_test --gtest_repeat=2 > $OUT/kernels.log 2>&1
+  echo "kernels_moe_experts_test rc=$? at $(( $(date +%s) - start )) s"
+  grep -E "tokens .*rel|FAILED|Failure|PASSED" $OUT/kernels.log | sort | uniq -c | head -30
+  timeout $(( $(left) < 240 ? $(left) : 240 )) ./compute_nodes_cuda_engine_test > $OUT/engine.log 2>&1
+  echo "compute_nodes_cuda_engine_test rc=$? at $(( $(date +%s) - start )) s"
+  grep -E "rows|FAILED|Failure|PASSED|error" $OUT/engine.log | head -60
+fi
+if [[ $steps == *bench* ]]; then
+  for cfg in ${CONFIGS:-base moe all}; do
+    case $cfg in
+      base) flags="--cuda-graphs 0 --moe-device-max-tokens 0" ;;
+      moe) flags="--cuda-graphs 0" ;;
+      *) flags="" ;;
+    esac
+    echo "=== bench $cfg: $flags"
+    timeout $(( $(left) < 150 ? $(left) : 150 )) ./strata bench decode --json $OUT/bench_$cfg.json \
+      ${BENCH_ARGS:---batch 1,16,64 --context 1024 --steps 20} $flags 2>&1 | tee $OUT/bench_$cfg.log
+    echo "bench $cfg rc=${PIPESTATUS[0]} at $(( $(date +%s) - start )) s"
+  done
+fi
+nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv
