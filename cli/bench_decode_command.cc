@@ -7,8 +7,8 @@
 // The weights are random bf16 drawn on the GPU (--preset; no checkpoint on disk) or a checkpoint
 // (--model). Every sequence starts with --context tokens of random latent KV in its pages, then
 // decode steps (absorbed form) run for all sequences of the batch at once; each step is timed on
-// the host around Forward (which ends with the logits on the host), median of --steps after 3
-// warm-up steps.
+// the host around Forward (which ends with the logits on the host, in the output vectors of the
+// previous step, reused as a serving loop reuses them), median of --steps after 3 warm-up steps.
 //
 // HBM floor of a step = (bytes of weights the step reads + latent KV bytes it reads) / 4.27 TB/s,
 // the device-to-device copy bandwidth measured on an H200 of this workplace. Weights read: every
@@ -112,8 +112,9 @@ void Run(const Args& a) {
       }
     }
     std::vector<int32_t> tokens(b);
-    std::vector<double> ms, gpu_ms;
+    std::vector<double> ms, gpu_ms, enqueue_ms, copy_ms, output_ms;
     cuda::StepStats stats;
+    std::vector<runtime::SequenceOutput> out;  // reused across steps, as a serving loop does
     for (int64_t step = 0; step < a.steps + 3; ++step) {
       std::vector<runtime::SequenceInput> batch(b);
       for (int64_t s = 0; s < b; ++s) {
@@ -121,7 +122,6 @@ void Run(const Args& a) {
         batch[s] = {std::span<const int32_t>(&tokens[s], 1), a.context + step, &pages[s], false,
                     runtime::AttentionForm::kAbsorbed};
       }
-      std::vector<runtime::SequenceOutput> out;
       const auto s0 = std::chrono::steady_clock::now();
       if (auto st = engine->Forward(batch, &out); !st.ok()) Fail(1, st.ToString());
       const double t =
@@ -130,13 +130,19 @@ void Run(const Args& a) {
         ms.push_back(t);
         stats = engine->last_step();
         gpu_ms.push_back(stats.device_ms);
+        enqueue_ms.push_back(stats.host_enqueue_ms);
+        copy_ms.push_back(stats.logits_copy_ms);
+        output_ms.push_back(stats.host_output_ms);
       }
     }
     for (auto& p : pages) runtime::ReleasePages(engine->kv_pool(), p);
     std::sort(ms.begin(), ms.end());
-    std::sort(gpu_ms.begin(), gpu_ms.end());
+    auto median = [](std::vector<double> v) {
+      std::sort(v.begin(), v.end());
+      return v[v.size() / 2];
+    };
     const double med = ms[ms.size() / 2];
-    const double gpu_med = gpu_ms[gpu_ms.size() / 2];
+    const double gpu_med = median(gpu_ms);
     const double bytes = static_cast<double>(stats.weight_bytes + stats.kv_bytes);
     const double floor_ms = bytes / kHbmBytesPerSecond * 1e3;
     const double ratio = floor_ms / med;
@@ -144,11 +150,17 @@ void Run(const Args& a) {
         "{:>6} {:>10.3f} {:>10.3f} {:>10.0f} {:>10.3f} {:>10.3f} {:>10.3f} {:>8.3f} {:>6}\n", b, med,
         gpu_med, b / med * 1e3, stats.weight_bytes / 1e9, stats.kv_bytes / 1e9, floor_ms, ratio,
         stats.graphed ? "yes" : "no");
+    std::cout << fmt::format("       (host enqueue {:.3f} ms, logits to pinned {:.3f} ms, into vectors "
+                             "{:.3f} ms; medians)\n",
+                             median(enqueue_ms), median(copy_ms), median(output_ms));
     report["points"].push_back({{"batch", b},
                                 {"step_ms_median", med},
                                 {"step_ms_min", ms.front()},
                                 {"gpu_ms_median", gpu_med},
                                 {"graphed", stats.graphed},
+                                {"host_enqueue_ms_median", median(enqueue_ms)},
+                                {"logits_copy_ms_median", median(copy_ms)},
+                                {"host_output_ms_median", median(output_ms)},
                                 {"tokens_per_second", b / med * 1e3},
                                 {"weight_bytes", stats.weight_bytes},
                                 {"kv_bytes", stats.kv_bytes},

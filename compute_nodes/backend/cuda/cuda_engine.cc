@@ -1,6 +1,8 @@
 #include "compute_nodes/backend/cuda/cuda_engine.h"
 
 #include <algorithm>
+#include <chrono>
+#include <cstring>
 #include <filesystem>
 
 #include "common/cuda/cuda_status.h"
@@ -82,19 +84,27 @@ struct StepPlan {
 
 struct CudaEngine::Impl {
   Impl(const DeviceWeights& w, DeviceKvPool& p, const Cublas& b, cudaStream_t st,
-       const CudaEngineOptions& o)
-      : W(w), pool(p), blas(b), s(st), options(o), moe(w.config(), &b, st, o.moe_device_max_tokens,
-                                                     &grows) {}
+       std::unique_ptr<SideStream> side_stream, const CudaEngineOptions& o)
+      : W(w),
+        pool(p),
+        blas(b),
+        s(st),
+        side(std::move(side_stream)),
+        options(o),
+        moe(w.config(), &b, st, side.get(), o.moe_device_max_tokens, &grows) {}
   ~Impl() {
     if (inv_freq != nullptr) (void)cudaFree(inv_freq);
     if (ev_start != nullptr) (void)cudaEventDestroy(ev_start);
     if (ev_end != nullptr) (void)cudaEventDestroy(ev_end);
+    if (ev_copied != nullptr) (void)cudaEventDestroy(ev_copied);
   }
   absl::Status Plan(std::span<const SequenceInput> batch, StepPlan* plan);
   absl::Status Reserve(const StepPlan& plan);
   absl::Status Enqueue(const StepPlan& plan);
   absl::Status Norm(int64_t rows, int64_t dim, const bf16* in, int64_t ld_in, bf16* residual,
-                    const bf16* weight, bf16* out, int64_t ld_out);
+                    const bf16* weight, bf16* out, int64_t ld_out, cudaStream_t stream);
+  absl::Status Rope(bf16* x, int64_t rows, int64_t heads, int64_t token_stride,
+                    int64_t head_stride, const StepPlan& P, cudaStream_t stream);
   absl::Status MhaAttention(const DeviceLayer& L, const StepPlan& P, int64_t layer);
   absl::Status AbsorbedAttention(const DeviceLayer& L, const StepPlan& P, int64_t layer);
 
@@ -102,11 +112,13 @@ struct CudaEngine::Impl {
   DeviceKvPool& pool;
   const Cublas& blas;
   cudaStream_t s;
+  std::unique_ptr<SideStream> side;  // parallel branches: the KV path, the shared experts
   const CudaEngineOptions options;
   int64_t grows = 0;          // buffer reallocations (declared before the buffers that count)
   float* inv_freq = nullptr;  // [rope / 2]
   int num_sms = 132;
-  cudaEvent_t ev_start = nullptr, ev_end = nullptr;
+  cudaEvent_t ev_start = nullptr, ev_end = nullptr, ev_copied = nullptr;
+  PinnedBuf host_logits;  // [logits rows][vocab] fp32
   Meta meta{&grows};
   // Activations.
   Buf x{&grows}, xn{&grows}, delta{&grows}, q{&grows}, qa{&grows}, kva{&grows}, attn{&grows},
@@ -188,7 +200,9 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(
                    DeviceKvPool::Create(runtime::KvLayout{c.num_hidden_layers, options.block_tokens,
                                                           c.kv_lora_rank, c.qk_rope_head_dim},
                                         options.num_pages));
-  e->impl_ = std::make_unique<Impl>(*e->weights_, *e->pool_, e->blas_, e->stream_, options);
+  ASSIGN_OR_RETURN(std::unique_ptr<SideStream> side, SideStream::Create(e->stream_));
+  e->impl_ = std::make_unique<Impl>(*e->weights_, *e->pool_, e->blas_, e->stream_,
+                                    std::move(side), options);
   Impl& I = *e->impl_;
   const cpu::Rope rope(c);  // owns inv_freq (a reference into a temporary would dangle)
   const std::vector<float>& inv = rope.inv_freq();
@@ -198,6 +212,7 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(
       cudaDeviceGetAttribute(&I.num_sms, cudaDevAttrMultiProcessorCount, options.device));
   CUDA_RETURN_IF_ERROR(cudaEventCreate(&I.ev_start));
   CUDA_RETURN_IF_ERROR(cudaEventCreate(&I.ev_end));
+  CUDA_RETURN_IF_ERROR(cudaEventCreate(&I.ev_copied));
   return e;
 }
 
@@ -206,6 +221,7 @@ int64_t CudaEngine::graph_replays() const { return impl_->graphs.replays(); }
 
 absl::Status CudaEngine::Forward(std::span<const SequenceInput> batch,
                                  std::vector<runtime::SequenceOutput>* outputs) {
+  const auto t_begin = std::chrono::steady_clock::now();
   Impl& I = *impl_;
   const ModelConfig& c = config();
   cudaStream_t s = stream_;
@@ -227,16 +243,25 @@ absl::Status CudaEngine::Forward(std::span<const SequenceInput> batch,
   }
   CUDA_RETURN_IF_ERROR(cudaEventRecord(I.ev_end, s));
   RETURN_IF_ERROR(I.moe.EnqueueReadback(P.n));
-  const float* logits = I.logits.as<float>();
-  outputs->assign(batch.size(), {});
+  // The logits come back in one copy into pinned memory, then into the caller's vectors: those
+  // are reused when the caller passes the previous step's outputs (no allocation, no page faults).
+  const size_t logits_bytes = P.total_out * c.vocab_size * 4;
+  RETURN_IF_ERROR(I.host_logits.Ensure(logits_bytes));
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(I.host_logits.as<float>(), I.logits.as<float>(),
+                                       logits_bytes, cudaMemcpyDeviceToHost, s));
+  CUDA_RETURN_IF_ERROR(cudaEventRecord(I.ev_copied, s));
+  const auto t_enqueued = std::chrono::steady_clock::now();
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
+  const auto t_synced = std::chrono::steady_clock::now();
+  outputs->resize(batch.size());
   for (size_t si = 0; si < batch.size(); ++si) {
     auto& out = (*outputs)[si];
     out.rows = P.out_rows[si];
     out.logits.resize(P.out_rows[si] * c.vocab_size);
-    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(out.logits.data(), logits + P.out_first[si] * c.vocab_size,
-                                         out.logits.size() * 4, cudaMemcpyDeviceToHost, s));
+    std::memcpy(out.logits.data(), I.host_logits.as<float>() + P.out_first[si] * c.vocab_size,
+                out.logits.size() * 4);
   }
-  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
+  const auto t_done = std::chrono::steady_clock::now();
   ASSIGN_OR_RETURN(const int64_t expert_bytes, I.moe.FinishStep());
   // What the step read: every dense tensor of every layer, the routed experts that had tokens,
   // the lm_head, the embedding rows, and the latent KV rows of every layer.
@@ -251,9 +276,14 @@ absl::Status CudaEngine::Forward(std::span<const SequenceInput> batch,
                                 : L.gate_up.bytes() + L.down.bytes();
   }
   stats.kv_bytes = c.num_hidden_layers * P.kv_rows_read * kRow * 2;
-  float ms = 0.f;
+  float ms = 0.f, copy_ms = 0.f;
   CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, I.ev_start, I.ev_end));
+  CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&copy_ms, I.ev_end, I.ev_copied));
   stats.device_ms = ms;
+  stats.logits_copy_ms = copy_ms;
+  using Ms = std::chrono::duration<double, std::milli>;
+  stats.host_enqueue_ms = Ms(t_enqueued - t_begin).count();
+  stats.host_output_ms = Ms(t_done - t_synced).count();
   stats_ = stats;
   return absl::OkStatus();
 }
@@ -414,7 +444,7 @@ absl::Status CudaEngine::Impl::Reserve(const StepPlan& P) {
 
 absl::Status CudaEngine::Impl::Norm(int64_t rows, int64_t dim, const bf16* in, int64_t ld_in,
                                     bf16* residual, const bf16* weight, bf16* out,
-                                    int64_t ld_out) {
+                                    int64_t ld_out, cudaStream_t stream) {
   kernels::RmsNormParams p;
   p.rows = static_cast<int>(rows);
   p.dim = static_cast<int>(dim);
@@ -430,7 +460,24 @@ absl::Status CudaEngine::Impl::Norm(int64_t rows, int64_t dim, const bf16* in, i
   p.weight = weight;
   p.out = out;
   p.ld_out = ld_out;
-  return kernels::LaunchRmsNorm(p, s);
+  return kernels::LaunchRmsNorm(p, stream);
+}
+
+absl::Status CudaEngine::Impl::Rope(bf16* x, int64_t rows, int64_t heads, int64_t token_stride,
+                                    int64_t head_stride, const StepPlan& P, cudaStream_t stream) {
+  const ModelConfig& c = W.config();
+  kernels::RopeParams p;
+  p.num_tokens = static_cast<int>(rows);
+  p.num_heads = static_cast<int>(heads);
+  p.rope_dim = static_cast<int>(kRope);
+  p.layout = Lanes(c.rope_layout);
+  p.attention_factor = static_cast<float>(c.RopeAttentionFactor());
+  p.x = x;
+  p.token_stride = token_stride;
+  p.head_stride = head_stride;
+  p.positions = meta.At<int32_t>(P.o_pos);
+  p.inv_freq = inv_freq;
+  return kernels::LaunchRope(p, stream);
 }
 
 // The step's device work, in stream order: everything here may be captured into a graph (no
@@ -455,45 +502,33 @@ absl::Status CudaEngine::Impl::Enqueue(const StepPlan& P) {
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const DeviceLayer& L = W.layers()[l];
     // Input norm; from layer 1 on fused with x += delta (the previous block's output).
-    RETURN_IF_ERROR(Norm(n, h, l == 0 ? xp : dp, h, l == 0 ? nullptr : xp, L.input_norm, xnp, h));
+    RETURN_IF_ERROR(
+        Norm(n, h, l == 0 ? xp : dp, h, l == 0 ? nullptr : xp, L.input_norm, xnp, h, s));
+    // The new latent + k_pe rows into their pages (side stream) beside the query projection.
+    RETURN_IF_ERROR(side->Fork());
+    const cudaStream_t s2 = side->stream();
+    RETURN_IF_ERROR(Linear(side->blas(), L.kv_a_proj, xnp, h, n, kvap, kRow));
+    RETURN_IF_ERROR(Norm(n, kLatent, kvap, kRow, nullptr, L.kv_a_norm, kvap, kRow, s2));
+    RETURN_IF_ERROR(Rope(kvap + kLatent, n, 1, kRow, kRow, P, s2));
+    RETURN_IF_ERROR(
+        ScatterRows(kvap, kRow, meta.At<int64_t>(P.o_kv), n, kRow, pool.layer_base(l), kRow, s2));
     if (c.q_lora_rank > 0) {
       bf16* qap = qa.as<bf16>();
       RETURN_IF_ERROR(Linear(blas, L.q_a_proj, xnp, h, n, qap, c.q_lora_rank));
-      RETURN_IF_ERROR(
-          Norm(n, c.q_lora_rank, qap, c.q_lora_rank, nullptr, L.q_a_norm, qap, c.q_lora_rank));
+      RETURN_IF_ERROR(Norm(n, c.q_lora_rank, qap, c.q_lora_rank, nullptr, L.q_a_norm, qap,
+                           c.q_lora_rank, s));
       RETURN_IF_ERROR(Linear(blas, L.q_b_proj, qap, c.q_lora_rank, n, qp_, heads * qk));
     } else {
       RETURN_IF_ERROR(Linear(blas, L.q_proj, xnp, h, n, qp_, heads * qk));
     }
-    RETURN_IF_ERROR(Linear(blas, L.kv_a_proj, xnp, h, n, kvap, kRow));
-    RETURN_IF_ERROR(Norm(n, kLatent, kvap, kRow, nullptr, L.kv_a_norm, kvap, kRow));
-    {
-      kernels::RopeParams p;
-      p.num_tokens = static_cast<int>(n);
-      p.num_heads = static_cast<int>(heads);
-      p.rope_dim = static_cast<int>(kRope);
-      p.layout = Lanes(c.rope_layout);
-      p.attention_factor = static_cast<float>(c.RopeAttentionFactor());
-      p.x = qp_ + nope;
-      p.token_stride = heads * qk;
-      p.head_stride = qk;
-      p.positions = meta.At<int32_t>(P.o_pos);
-      p.inv_freq = inv_freq;
-      RETURN_IF_ERROR(kernels::LaunchRope(p, s));
-      p.num_heads = 1;
-      p.x = kvap + kLatent;
-      p.token_stride = kRow;
-      p.head_stride = kRow;
-      RETURN_IF_ERROR(kernels::LaunchRope(p, s));
-    }
-    RETURN_IF_ERROR(
-        ScatterRows(kvap, kRow, meta.At<int64_t>(P.o_kv), n, kRow, pool.layer_base(l), kRow, s));
+    RETURN_IF_ERROR(Rope(qp_ + nope, n, heads, heads * qk, qk, P, s));
+    RETURN_IF_ERROR(side->Join());
     RETURN_IF_ERROR(MhaAttention(L, P, l));
     RETURN_IF_ERROR(AbsorbedAttention(L, P, l));
     RETURN_IF_ERROR(Linear(blas, L.o_proj, attn.as<bf16>(), heads * c.v_head_dim, n, dp, h));
 
     // ---- Feed-forward.
-    RETURN_IF_ERROR(Norm(n, h, dp, h, xp, L.post_attention_norm, xnp, h));
+    RETURN_IF_ERROR(Norm(n, h, dp, h, xp, L.post_attention_norm, xnp, h, s));
     if (L.moe) {
       RETURN_IF_ERROR(moe.Forward(l, L, xnp, n, dp));
     } else {
@@ -504,7 +539,7 @@ absl::Status CudaEngine::Impl::Enqueue(const StepPlan& P) {
     }
   }
   // Final norm (fused with the last residual add), then the LM head on the output rows only.
-  RETURN_IF_ERROR(Norm(n, h, dp, h, xp, W.final_norm(), xnp, h));
+  RETURN_IF_ERROR(Norm(n, h, dp, h, xp, W.final_norm(), xnp, h, s));
   RETURN_IF_ERROR(
       GatherRows(xnp, h, meta.At<int64_t>(P.o_out), P.total_out, h, fin.as<bf16>(), h, s));
   return Linear(blas, W.lm_head(), fin.as<bf16>(), h, P.total_out, logits.as<float>(),

@@ -58,6 +58,9 @@ struct StepStats {
   int64_t tokens = 0;
   bool graphed = false;    // the step ran as a CUDA graph (captured now or replayed)
   double device_ms = 0.0;  // GPU time of the step's work (events), without the logits copy
+  double logits_copy_ms = 0.0;   // GPU -> pinned host copy of the logits (events)
+  double host_enqueue_ms = 0.0;  // host: Forward's start until all work was enqueued
+  double host_output_ms = 0.0;   // host: pinned logits into the callers' vectors
 };
 
 class CudaEngine final : public runtime::Engine {
@@ -75,6 +78,7 @@ class CudaEngine final : public runtime::Engine {
 
   const model::ModelConfig& config() const override { return weights_->config(); }
   DeviceKvPool& kv_pool() override { return *pool_; }
+  // `outputs` may hold the previous step's outputs: their logits vectors are reused.
   absl::Status Forward(std::span<const runtime::SequenceInput> batch,
                        std::vector<runtime::SequenceOutput>* outputs) override;
 

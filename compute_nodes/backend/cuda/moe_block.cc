@@ -14,10 +14,11 @@ namespace strata::cuda {
 using bf16 = __nv_bfloat16;
 
 MoeBlock::MoeBlock(const model::ModelConfig& config, const Cublas* blas, cudaStream_t stream,
-                   int64_t max_device_tokens, int64_t* grows)
+                   SideStream* side, int64_t max_device_tokens, int64_t* grows)
     : c_(config),
       blas_(blas),
       s_(stream),
+      side_(side),
       max_device_tokens_(max_device_tokens),
       expert_bytes_(3 * config.moe_intermediate_size * config.hidden_size * 2),
       router_logits_(grows),
@@ -96,6 +97,19 @@ absl::Status MoeBlock::Forward(int64_t layer, const DeviceLayer& L, const bf16* 
                                bf16* delta) {
   const int64_t h = c_.hidden_size, ne = c_.n_routed_experts, k = c_.num_experts_per_tok;
   moe_layer_[layer] = true;
+  const bf16* shared = nullptr;
+  if (L.has_shared) {
+    // Shared experts (side stream when there is one) beside the routed ones.
+    const Cublas& blas = side_ != nullptr ? side_->blas() : *blas_;
+    const cudaStream_t stream = side_ != nullptr ? side_->stream() : s_;
+    if (side_ != nullptr) RETURN_IF_ERROR(side_->Fork());
+    const int64_t si = L.shared_down.in;
+    RETURN_IF_ERROR(Linear(blas, L.shared_gate_up, xn, h, n, shared_gu_.as<bf16>(), 2 * si));
+    RETURN_IF_ERROR(SiluMulRows(n, si, shared_gu_.as<bf16>(), stream));
+    RETURN_IF_ERROR(Linear(blas, L.shared_down, shared_gu_.as<bf16>(), 2 * si, n,
+                           shared_out_.as<bf16>(), h));
+    shared = shared_out_.as<bf16>();
+  }
   RETURN_IF_ERROR(Linear(*blas_, L.router, xn, h, n, router_logits_.as<float>(), ne, true));
   {
     kernels::MoeRouterParams p;
@@ -128,15 +142,7 @@ absl::Status MoeBlock::Forward(int64_t layer, const DeviceLayer& L, const bf16* 
     RETURN_IF_ERROR(RouteOnHost(layer, L, xn, n));
     token_slot = host_meta_.At<int64_t>(0);
   }
-  const bf16* shared = nullptr;
-  if (L.has_shared) {
-    const int64_t si = L.shared_down.in;
-    RETURN_IF_ERROR(Linear(*blas_, L.shared_gate_up, xn, h, n, shared_gu_.as<bf16>(), 2 * si));
-    RETURN_IF_ERROR(SiluMulRows(n, si, shared_gu_.as<bf16>(), s_));
-    RETURN_IF_ERROR(Linear(*blas_, L.shared_down, shared_gu_.as<bf16>(), 2 * si, n,
-                           shared_out_.as<bf16>(), h));
-    shared = shared_out_.as<bf16>();
-  }
+  if (L.has_shared && side_ != nullptr) RETURN_IF_ERROR(side_->Join());
   return MoeCombine(ye_.as<bf16>(), token_slot, weights_.as<float>(), n, k, h, shared, delta, s_);
 }
 

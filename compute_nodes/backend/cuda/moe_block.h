@@ -35,8 +35,9 @@ namespace strata::cuda {
 class MoeBlock {
  public:
   // `grows` counts buffer reallocations (see Buf). `blas` and `stream` outlive the block.
+  // With `side`, the shared experts run on it beside the routed ones.
   MoeBlock(const model::ModelConfig& config, const Cublas* blas, cudaStream_t stream,
-           int64_t max_device_tokens, int64_t* grows);
+           SideStream* side, int64_t max_device_tokens, int64_t* grows);
   ~MoeBlock();
   MoeBlock(const MoeBlock&) = delete;
   MoeBlock& operator=(const MoeBlock&) = delete;
@@ -60,6 +61,7 @@ class MoeBlock {
   const model::ModelConfig& c_;
   const Cublas* blas_;
   cudaStream_t s_;
+  SideStream* side_;
   int64_t max_device_tokens_;
   int64_t expert_bytes_;  // gate, up and down of one routed expert
   // Routing: logits [n][E] fp32, experts/weights [n][k].

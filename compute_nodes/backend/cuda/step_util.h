@@ -1,6 +1,7 @@
 // Helpers the CUDA backend's step code shares: device buffers that grow on demand (counting their
-// reallocations, which invalidate captured decode graphs), pinned host staging of small per-step
-// arrays into one fixed device buffer, and the torch-Linear GEMM and SiLU×mul of bf16 rows.
+// reallocations, which invalidate captured decode graphs), pinned host memory, pinned host staging
+// of small per-step arrays into one fixed device buffer, a side stream for parallel branches, and
+// the torch-Linear GEMM and SiLU×mul of bf16 rows.
 // Not thread-safe; owned by one engine.
 #pragma once
 
@@ -10,6 +11,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "common/cuda/cuda_status.h"
@@ -48,6 +50,35 @@ class Buf {
 
  private:
   int64_t* grows_;
+  void* p_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+// Pinned host memory that grows on demand (device -> host copies at full link speed).
+class PinnedBuf {
+ public:
+  PinnedBuf() = default;
+  PinnedBuf(const PinnedBuf&) = delete;
+  PinnedBuf& operator=(const PinnedBuf&) = delete;
+  ~PinnedBuf() {
+    if (p_ != nullptr) (void)cudaFreeHost(p_);
+  }
+  absl::Status Ensure(size_t bytes) {
+    if (bytes <= bytes_) return absl::OkStatus();
+    if (p_ != nullptr) (void)cudaFreeHost(p_);
+    p_ = nullptr;
+    bytes_ = 0;
+    bytes = std::max<size_t>(bytes + bytes / 4, 4096);
+    CUDA_RETURN_IF_ERROR(cudaHostAlloc(&p_, bytes, 0));
+    bytes_ = bytes;
+    return absl::OkStatus();
+  }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(p_);
+  }
+
+ private:
   void* p_ = nullptr;
   size_t bytes_ = 0;
 };
@@ -95,6 +126,50 @@ class Meta {
   uint8_t* host_ = nullptr;
   size_t host_bytes_ = 0;
   Buf dev_;
+};
+
+// A second stream, with its own cuBLAS handle (and workspace), for work that can run beside the
+// main stream's: Fork() makes it wait for everything enqueued on the main stream so far, Join()
+// makes the main stream wait for everything enqueued on it. Eager and under graph capture alike
+// (a capture follows the two events into parallel branches of one graph). Not thread-safe.
+class SideStream {
+ public:
+  static absl::StatusOr<std::unique_ptr<SideStream>> Create(cudaStream_t main) {
+    std::unique_ptr<SideStream> side(new SideStream(main));
+    CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&side->stream_, cudaStreamNonBlocking));
+    CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&side->fork_, cudaEventDisableTiming));
+    CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&side->join_, cudaEventDisableTiming));
+    ASSIGN_OR_RETURN(side->blas_, Cublas::Create(side->stream_));
+    return side;
+  }
+  SideStream(const SideStream&) = delete;
+  SideStream& operator=(const SideStream&) = delete;
+  ~SideStream() {
+    if (stream_ != nullptr) (void)cudaStreamSynchronize(stream_);
+    blas_ = Cublas();
+    if (fork_ != nullptr) (void)cudaEventDestroy(fork_);
+    if (join_ != nullptr) (void)cudaEventDestroy(join_);
+    if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
+  }
+  absl::Status Fork() {
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(fork_, main_));
+    CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream_, fork_, 0));
+    return absl::OkStatus();
+  }
+  absl::Status Join() {
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(join_, stream_));
+    CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(main_, join_, 0));
+    return absl::OkStatus();
+  }
+  cudaStream_t stream() const { return stream_; }
+  const Cublas& blas() const { return blas_; }
+
+ private:
+  explicit SideStream(cudaStream_t main) : main_(main) {}
+  cudaStream_t main_;
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t fork_ = nullptr, join_ = nullptr;
+  Cublas blas_;
 };
 
 // out[rows][w.out] (row stride ldc) = a[rows][w.in] (row stride lda) · wᵀ, bf16 or fp32 out.
