@@ -34,15 +34,22 @@ __device__ __forceinline__ uint4 LoadStream(const uint4* p) {
 template <int kNT, bool kGateUp>
 __global__ void __launch_bounds__(kThreads, 2) MoeExpertsKernel(MoeExpertsParams p) {
   __shared__ float red[kWarps][2][kNT][4][32];
-  if (static_cast<int>(blockIdx.y) >= *p.num_active) return;
-  const int e = p.active[blockIdx.y];
-  const int count = p.expert_count[e];
-  const int first = p.expert_offset[e];
+  int e = 0, count = p.num_tokens, first = 0;
+  if (!p.identity) {
+    if (static_cast<int>(blockIdx.y) >= *p.num_active) return;
+    e = p.active[blockIdx.y];
+    count = p.expert_count[e];
+    first = p.expert_offset[e];
+  }
   const int k_dim = kGateUp ? p.hidden : p.inter;
   const int rows = kGateUp ? p.inter : p.hidden;
   const int row0 = blockIdx.x * (kGateUp ? 16 : 32);
-  const __nv_bfloat16* w = p.weights + static_cast<int64_t>(e) * p.expert_stride +
-                           (kGateUp ? 0 : 2 * static_cast<int64_t>(p.inter) * p.hidden);
+  const __nv_bfloat16* w =
+      kGateUp || p.down == nullptr
+          ? p.weights + static_cast<int64_t>(e) * p.expert_stride +
+                (kGateUp ? 0 : 2 * static_cast<int64_t>(p.inter) * p.hidden)
+          : p.down + static_cast<int64_t>(e) * p.expert_stride;
+  const __nv_bfloat16* down_in = p.down_in != nullptr ? p.down_in : p.act;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
 
   const uint4* wrow[2][2];
@@ -71,9 +78,10 @@ __global__ void __launch_bounds__(kThreads, 2) MoeExpertsKernel(MoeExpertsParams
       xok[nt] = t < left;
       const int slot = first + chunk + (xok[nt] ? t : 0);
       if (kGateUp) {
-        xrow[nt] = reinterpret_cast<const uint4*>(p.x + p.slot_token[slot] * p.ld_x);
+        const int64_t token = p.identity ? slot : p.slot_token[slot];
+        xrow[nt] = reinterpret_cast<const uint4*>(p.x + token * p.ld_x);
       } else {
-        xrow[nt] = reinterpret_cast<const uint4*>(p.act + static_cast<int64_t>(slot) * p.inter);
+        xrow[nt] = reinterpret_cast<const uint4*>(down_in + static_cast<int64_t>(slot) * p.inter);
       }
     }
     float acc[2][kNT][4];
@@ -165,10 +173,13 @@ absl::Status Invalid(const std::string& what) {
 bool Misaligned(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 != 0; }
 
 template <int kNT>
-absl::Status Launch(const MoeExpertsParams& p, cudaStream_t stream) {
-  const dim3 grid_gu((p.inter + 15) / 16, p.max_active);
-  MoeExpertsKernel<kNT, true><<<grid_gu, kThreads, 0, stream>>>(p);
-  cudaError_t err = cudaGetLastError();
+absl::Status Launch(const MoeExpertsParams& p, cudaStream_t stream, bool gate_up = true) {
+  cudaError_t err = cudaSuccess;
+  if (gate_up) {
+    const dim3 grid_gu((p.inter + 15) / 16, p.max_active);
+    MoeExpertsKernel<kNT, true><<<grid_gu, kThreads, 0, stream>>>(p);
+    err = cudaGetLastError();
+  }
   if (err == cudaSuccess) {
     const dim3 grid_down((p.hidden + 31) / 32, p.max_active);
     MoeExpertsKernel<kNT, false><<<grid_down, kThreads, 0, stream>>>(p);
@@ -193,16 +204,24 @@ absl::Status ValidateMoeExpertsParams(const MoeExpertsParams& p) {
   }
   if (p.token_tiles != 1 && p.token_tiles != 2) return Invalid("token_tiles must be 1 or 2");
   if (p.ld_x < p.hidden || p.ld_x % 8 != 0) return Invalid("ld_x must be >= hidden, multiple of 8");
-  if (p.expert_stride < 3 * static_cast<int64_t>(p.inter) * p.hidden || p.expert_stride % 8 != 0) {
-    return Invalid("expert_stride must hold gate, up and down and be a multiple of 8");
+  if (p.identity) {
+    if (p.max_active != 1) return Invalid("identity needs max_active 1");
+  } else {
+    const int64_t held = (p.down == nullptr ? 3 : 2) * static_cast<int64_t>(p.inter) * p.hidden;
+    if (p.expert_stride < held || p.expert_stride % 8 != 0) {
+      return Invalid("expert_stride must hold an expert's weights and be a multiple of 8");
+    }
+    if (p.expert_count == nullptr || p.expert_offset == nullptr || p.active == nullptr ||
+        p.num_active == nullptr || p.slot_token == nullptr) {
+      return Invalid("the alignment arrays must be set");
+    }
   }
-  if (p.x == nullptr || p.weights == nullptr || p.expert_count == nullptr ||
-      p.expert_offset == nullptr || p.active == nullptr || p.num_active == nullptr ||
-      p.slot_token == nullptr || p.act == nullptr || p.out == nullptr) {
-    return Invalid("every pointer must be set");
+  if (p.x == nullptr || p.weights == nullptr || p.act == nullptr || p.out == nullptr) {
+    return Invalid("x, weights, act and out must be set");
   }
-  if (Misaligned(p.x) || Misaligned(p.weights) || Misaligned(p.act) || Misaligned(p.out)) {
-    return Invalid("x, weights, act and out must be 16-byte aligned");
+  if (Misaligned(p.x) || Misaligned(p.weights) || Misaligned(p.act) || Misaligned(p.out) ||
+      Misaligned(p.down)) {
+    return Invalid("x, weights, down, act and out must be 16-byte aligned");
   }
   return absl::OkStatus();
 }
@@ -211,6 +230,32 @@ absl::Status LaunchMoeExperts(const MoeExpertsParams& params, cudaStream_t strea
   if (absl::Status st = ValidateMoeExpertsParams(params); !st.ok()) return st;
   if (params.num_tokens == 0 || params.max_active == 0) return absl::OkStatus();
   return params.token_tiles == 1 ? Launch<1>(params, stream) : Launch<2>(params, stream);
+}
+
+absl::Status LaunchSkinnyGemm(const SkinnyGemmParams& g, cudaStream_t stream) {
+  if (g.tokens < 0 || g.n_out <= 0 || g.n_out % 8 != 0 || g.k <= 0 || g.k % 8 != 0) {
+    return absl::InvalidArgumentError(
+        "LaunchSkinnyGemm: tokens >= 0, n_out and k positive multiples of 8 needed");
+  }
+  if (g.x == nullptr || g.w == nullptr || g.out == nullptr || Misaligned(g.x) ||
+      Misaligned(g.w) || Misaligned(g.out)) {
+    return absl::InvalidArgumentError("LaunchSkinnyGemm: x, w, out must be set, 16-byte aligned");
+  }
+  if (g.tokens == 0) return absl::OkStatus();
+  // The down kernel of one identity-routed expert: hidden = n_out rows, inter = k.
+  MoeExpertsParams p;
+  p.num_tokens = g.tokens;
+  p.num_experts = 1;
+  p.max_active = 1;
+  p.hidden = g.n_out;
+  p.inter = g.k;
+  p.identity = true;
+  p.weights = g.w;
+  p.down = g.w;
+  p.down_in = g.x;
+  p.out = g.out;
+  return g.tokens <= 8 ? Launch<1>(p, stream, /*gate_up=*/false)
+                       : Launch<2>(p, stream, /*gate_up=*/false);
 }
 
 }  // namespace strata::kernels

@@ -67,6 +67,11 @@ struct MoeExpertsParams {
   // weights + e * expert_stride (elements, a multiple of 8).
   const __nv_bfloat16* weights = nullptr;
   int64_t expert_stride = 0;
+  // Expert e's down [H][I] at down + e * expert_stride instead (null: the layout above).
+  const __nv_bfloat16* down = nullptr;
+  // One expert (e = 0) holding every token, slot t = token t (a dense or shared-expert MLP): the
+  // alignment arrays below are not read, max_active must be 1 and expert_stride is not used.
+  bool identity = false;
   // From LaunchMoeAlign.
   const int32_t* expert_count = nullptr;   // [num_experts]
   const int32_t* expert_offset = nullptr;  // [num_experts + 1]
@@ -75,10 +80,26 @@ struct MoeExpertsParams {
   const int32_t* slot_token = nullptr;     // [slots]
   __nv_bfloat16* act = nullptr;            // [slots][inter] (workspace)
   __nv_bfloat16* out = nullptr;            // [slots][hidden]
+  // Input rows of the down kernel instead of act (null: act), [slots][inter].
+  const __nv_bfloat16* down_in = nullptr;
 };
 
 absl::Status ValidateMoeExpertsParams(const MoeExpertsParams& params);
 // Enqueues the gate|up + SiLU×mul kernel, then the down kernel.
 absl::Status LaunchMoeExperts(const MoeExpertsParams& params, cudaStream_t stream);
+
+// The down kernel alone as a GEMM for few token rows, reading each weight row once:
+//   out[t][j] = bf16( w[j] · x[t] )     t < tokens, j < n_out, dense rows (x [tokens][k],
+//                                        out [tokens][n_out], w [n_out][k], a torch Linear)
+// For tokens <= 16 (one pass: the weights are read once); more tokens re-read them per 16.
+struct SkinnyGemmParams {
+  int tokens = 0;
+  int n_out = 0;  // a multiple of 8
+  int k = 0;      // a multiple of 8
+  const __nv_bfloat16* x = nullptr;  // [tokens][k]
+  const __nv_bfloat16* w = nullptr;  // [n_out][k]
+  __nv_bfloat16* out = nullptr;      // [tokens][n_out]
+};
+absl::Status LaunchSkinnyGemm(const SkinnyGemmParams& params, cudaStream_t stream);
 
 }  // namespace strata::kernels

@@ -17,9 +17,12 @@ date -u
 left() { echo $(( ${DEADLINE:-570} - ($(date +%s) - start) )); }
 steps=${STEPS:-ktest test bench}
 if [[ $steps == *ktest* ]]; then
-  timeout $(( $(left) < 120 ? $(left) : 120 )) ./kernels_moe_experts_test --gtest_repeat=2 > $OUT/kernels.log 2>&1
+  timeout $(( $(left) < 120 ? $(left) : 120 )) ./kernels_moe_experts_test > $OUT/kernels.log 2>&1
   echo "kernels_moe_experts_test rc=$? at $(( $(date +%s) - start )) s"
-  grep -E "tokens .*rel|FAILED|Failure|PASSED" $OUT/kernels.log | sort | uniq -c | head -30
+  grep -E "tokens .*rel|FAILED|Failure|PASSED" $OUT/kernels.log | head -30
+  timeout $(( $(left) < 150 ? $(left) : 150 )) ./kernels_mla_decode_test > $OUT/mla.log 2>&1
+  echo "kernels_mla_decode_test rc=$? at $(( $(date +%s) - start )) s"
+  grep -E "FAILED|Failure|PASSED" $OUT/mla.log | head -20
 fi
 if [[ " $steps " == *" test "* ]]; then
   timeout $(( $(left) < 240 ? $(left) : 240 )) ./compute_nodes_cuda_engine_test > $OUT/engine.log 2>&1

@@ -1,7 +1,8 @@
 // kernels/moe_experts (routing alignment + grouped expert GEMMs) against the CPU reference on fresh
 // random inputs: decode shapes of v2-lite (64 experts, top-6, 2048 x 1408), ragged and empty
 // experts, one expert holding more tokens than a pass (several passes), sizes that are not
-// multiples of the tiles, invalid expert ids, poisoned outputs (label gpu: SKIPPED without a GPU).
+// multiples of the tiles, invalid expert ids, poisoned outputs; the identity (dense MLP) mode and
+// the skinny GEMM built on the same kernels (label gpu: SKIPPED without a GPU).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -199,6 +200,97 @@ TEST_F(MoeExpertsTest, MatchesReference) {
   std::vector<float> x;
   std::vector<int32_t> ids;
   for (const Case& c : cases) RunCase(c, *this, x, ids);
+}
+
+// identity = true: one expert holding every token (the dense and shared-expert MLPs), gate|up and
+// down in separate tensors.
+TEST_F(MoeExpertsTest, IdentityMlpMatchesReference) {
+  struct Shape {
+    int tokens, hidden, inter;
+  };
+  for (const Shape& c : std::vector<Shape>{{1, 2048, 2816}, {16, 2048, 2816}, {11, 136, 88},
+                                           {20, 64, 40}}) {
+    SCOPED_TRACE(::testing::Message() << "tokens=" << c.tokens << " H=" << c.hidden
+                                      << " I=" << c.inter);
+    const int64_t gu_size = 2 * static_cast<int64_t>(c.inter) * c.hidden;
+    const std::vector<float> w = Random(gu_size + static_cast<int64_t>(c.hidden) * c.inter,
+                                        1.f / std::sqrt(static_cast<float>(c.hidden)));
+    const std::vector<float> x = Random(static_cast<size_t>(c.tokens) * c.hidden, 1.f);
+    const std::vector<float> gate_up(w.begin(), w.begin() + gu_size), down(w.begin() + gu_size,
+                                                                           w.end());
+    DeviceBuffer d_gu(ToBf16s(gate_up)), d_down(ToBf16s(down)), d_x(ToBf16s(x));
+    DeviceBuffer d_act(static_cast<size_t>(c.tokens) * c.inter * 2),
+        d_out(static_cast<size_t>(c.tokens) * c.hidden * 2);
+    MoeExpertsParams p;
+    p.num_tokens = c.tokens;
+    p.num_experts = 1;
+    p.max_active = 1;
+    p.hidden = c.hidden;
+    p.inter = c.inter;
+    p.token_tiles = c.tokens <= 8 ? 1 : 2;
+    p.identity = true;
+    p.x = d_x.get<__nv_bfloat16>();
+    p.ld_x = c.hidden;
+    p.weights = d_gu.get<__nv_bfloat16>();
+    p.down = d_down.get<__nv_bfloat16>();
+    p.act = d_act.get<__nv_bfloat16>();
+    p.out = d_out.get<__nv_bfloat16>();
+    const absl::Status st = LaunchMoeExperts(p, nullptr);
+    ASSERT_TRUE(st.ok()) << st;
+    ASSERT_CUDA_OK(cudaDeviceSynchronize());
+    const auto out = d_out.Download<uint16_t>();
+    ErrorSummary err;
+    std::vector<float> ref_act, ref_out;
+    for (int t = 0; t < c.tokens; ++t) {
+      MoeExpertReference(w, 0, 0, c.hidden, c.inter, x.data() + t * c.hidden, ref_act, ref_out);
+      for (int j = 0; j < c.hidden; ++j) err.Add(FromBf16(out[t * c.hidden + j]), ref_out[j]);
+    }
+    EXPECT_EQ(err.non_finite, 0);
+    EXPECT_LT(err.Rel(), 1e-2);
+    std::printf("identity tokens %2d H %5d I %5d: out rel %.2e\n", c.tokens, c.hidden, c.inter,
+                err.Rel());
+  }
+}
+
+TEST_F(MoeExpertsTest, SkinnyGemmMatchesReference) {
+  struct Shape {
+    int tokens, n_out, k;
+  };
+  for (const Shape& c : std::vector<Shape>{{1, 3072, 2048}, {16, 576, 2048}, {5, 2048, 2048},
+                                           {33, 136, 72}, {0, 64, 64}}) {
+    SCOPED_TRACE(::testing::Message() << "tokens=" << c.tokens << " n=" << c.n_out
+                                      << " k=" << c.k);
+    const std::vector<float> w = Random(static_cast<size_t>(c.n_out) * c.k,
+                                        1.f / std::sqrt(static_cast<float>(c.k)));
+    const std::vector<float> x = Random(static_cast<size_t>(c.tokens) * c.k, 1.f);
+    DeviceBuffer d_w(ToBf16s(w)), d_x(ToBf16s(x));
+    DeviceBuffer d_out(static_cast<size_t>(std::max(c.tokens, 1)) * c.n_out * 2);
+    SkinnyGemmParams p;
+    p.tokens = c.tokens;
+    p.n_out = c.n_out;
+    p.k = c.k;
+    p.x = d_x.get<__nv_bfloat16>();
+    p.w = d_w.get<__nv_bfloat16>();
+    p.out = d_out.get<__nv_bfloat16>();
+    const absl::Status st = LaunchSkinnyGemm(p, nullptr);
+    ASSERT_TRUE(st.ok()) << st;
+    ASSERT_CUDA_OK(cudaDeviceSynchronize());
+    const auto out = d_out.Download<uint16_t>();
+    ErrorSummary err;
+    for (int t = 0; t < c.tokens; ++t) {
+      for (int j = 0; j < c.n_out; ++j) {
+        double acc = 0;
+        for (int k = 0; k < c.k; ++k) {
+          acc += static_cast<double>(w[static_cast<size_t>(j) * c.k + k]) * x[t * c.k + k];
+        }
+        err.Add(FromBf16(out[static_cast<size_t>(t) * c.n_out + j]),
+                RoundBf16(static_cast<float>(acc)));
+      }
+    }
+    EXPECT_EQ(err.non_finite, 0);
+    EXPECT_LT(err.Rel(), 1e-2);
+    std::printf("skinny tokens %2d n %5d k %5d: rel %.2e\n", c.tokens, c.n_out, c.k, err.Rel());
+  }
 }
 
 TEST_F(MoeExpertsTest, RejectsBadParams) {

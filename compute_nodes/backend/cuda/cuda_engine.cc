@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <thread>
 
 #include "common/cuda/cuda_status.h"
 #include "common/file_util.h"
@@ -79,6 +80,33 @@ struct StepPlan {
   size_t o_ids = 0, o_pos = 0, o_kv = 0, o_dec = 0, o_dlen = 0, o_dtab = 0, o_lat = 0, o_cu = 0,
          o_out = 0;
 };
+
+// Copies each sequence's rows of the pinned logits into its (sized) output vector. A single
+// thread copies ~6 GB/s here, so a large step (26 MB at batch 64) spreads the sequences over a
+// few threads.
+void CopyOutLogits(const float* pinned, const std::vector<int64_t>& first_row, int64_t vocab,
+                   std::vector<runtime::SequenceOutput>* outputs) {
+  const int64_t seqs = static_cast<int64_t>(outputs->size());
+  auto copy = [&](int64_t lo, int64_t hi) {
+    for (int64_t si = lo; si < hi; ++si) {
+      auto& out = (*outputs)[si];
+      std::memcpy(out.logits.data(), pinned + first_row[si] * vocab, out.logits.size() * 4);
+    }
+  };
+  const int64_t bytes = (first_row.empty() ? 0 : first_row.back()) * vocab * 4;
+  const int64_t threads = std::min<int64_t>(
+      {seqs, bytes / (int64_t{2} << 20), std::max(1u, std::thread::hardware_concurrency()), 8});
+  if (threads <= 1) {
+    copy(0, seqs);
+    return;
+  }
+  std::vector<std::thread> pool;
+  for (int64_t t = 1; t < threads; ++t) {
+    pool.emplace_back(copy, seqs * t / threads, seqs * (t + 1) / threads);
+  }
+  copy(0, seqs / threads);
+  for (std::thread& th : pool) th.join();
+}
 
 }  // namespace
 
@@ -255,12 +283,10 @@ absl::Status CudaEngine::Forward(std::span<const SequenceInput> batch,
   const auto t_synced = std::chrono::steady_clock::now();
   outputs->resize(batch.size());
   for (size_t si = 0; si < batch.size(); ++si) {
-    auto& out = (*outputs)[si];
-    out.rows = P.out_rows[si];
-    out.logits.resize(P.out_rows[si] * c.vocab_size);
-    std::memcpy(out.logits.data(), I.host_logits.as<float>() + P.out_first[si] * c.vocab_size,
-                out.logits.size() * 4);
+    (*outputs)[si].rows = P.out_rows[si];
+    (*outputs)[si].logits.resize(P.out_rows[si] * c.vocab_size);
   }
+  CopyOutLogits(I.host_logits.as<float>(), P.out_first, c.vocab_size, outputs);
   const auto t_done = std::chrono::steady_clock::now();
   ASSIGN_OR_RETURN(const int64_t expert_bytes, I.moe.FinishStep());
   // What the step read: every dense tensor of every layer, the routed experts that had tokens,
@@ -507,35 +533,33 @@ absl::Status CudaEngine::Impl::Enqueue(const StepPlan& P) {
     // The new latent + k_pe rows into their pages (side stream) beside the query projection.
     RETURN_IF_ERROR(side->Fork());
     const cudaStream_t s2 = side->stream();
-    RETURN_IF_ERROR(Linear(side->blas(), L.kv_a_proj, xnp, h, n, kvap, kRow));
+    RETURN_IF_ERROR(LinearBf16(side->blas(), s2, L.kv_a_proj, xnp, h, n, kvap, kRow));
     RETURN_IF_ERROR(Norm(n, kLatent, kvap, kRow, nullptr, L.kv_a_norm, kvap, kRow, s2));
     RETURN_IF_ERROR(Rope(kvap + kLatent, n, 1, kRow, kRow, P, s2));
     RETURN_IF_ERROR(
         ScatterRows(kvap, kRow, meta.At<int64_t>(P.o_kv), n, kRow, pool.layer_base(l), kRow, s2));
     if (c.q_lora_rank > 0) {
       bf16* qap = qa.as<bf16>();
-      RETURN_IF_ERROR(Linear(blas, L.q_a_proj, xnp, h, n, qap, c.q_lora_rank));
+      RETURN_IF_ERROR(LinearBf16(blas, s, L.q_a_proj, xnp, h, n, qap, c.q_lora_rank));
       RETURN_IF_ERROR(Norm(n, c.q_lora_rank, qap, c.q_lora_rank, nullptr, L.q_a_norm, qap,
                            c.q_lora_rank, s));
-      RETURN_IF_ERROR(Linear(blas, L.q_b_proj, qap, c.q_lora_rank, n, qp_, heads * qk));
+      RETURN_IF_ERROR(LinearBf16(blas, s, L.q_b_proj, qap, c.q_lora_rank, n, qp_, heads * qk));
     } else {
-      RETURN_IF_ERROR(Linear(blas, L.q_proj, xnp, h, n, qp_, heads * qk));
+      RETURN_IF_ERROR(LinearBf16(blas, s, L.q_proj, xnp, h, n, qp_, heads * qk));
     }
     RETURN_IF_ERROR(Rope(qp_ + nope, n, heads, heads * qk, qk, P, s));
     RETURN_IF_ERROR(side->Join());
     RETURN_IF_ERROR(MhaAttention(L, P, l));
     RETURN_IF_ERROR(AbsorbedAttention(L, P, l));
-    RETURN_IF_ERROR(Linear(blas, L.o_proj, attn.as<bf16>(), heads * c.v_head_dim, n, dp, h));
+    RETURN_IF_ERROR(
+        LinearBf16(blas, s, L.o_proj, attn.as<bf16>(), heads * c.v_head_dim, n, dp, h));
 
     // ---- Feed-forward.
     RETURN_IF_ERROR(Norm(n, h, dp, h, xp, L.post_attention_norm, xnp, h, s));
     if (L.moe) {
       RETURN_IF_ERROR(moe.Forward(l, L, xnp, n, dp));
     } else {
-      const int64_t inter = L.down.in;
-      RETURN_IF_ERROR(Linear(blas, L.gate_up, xnp, h, n, gu.as<bf16>(), 2 * inter));
-      RETURN_IF_ERROR(SiluMulRows(n, inter, gu.as<bf16>(), s));
-      RETURN_IF_ERROR(Linear(blas, L.down, gu.as<bf16>(), 2 * inter, n, dp, h));
+      RETURN_IF_ERROR(Mlp(blas, s, L.gate_up, L.down, xnp, n, gu.as<bf16>(), dp));
     }
   }
   // Final norm (fused with the last residual add), then the LM head on the output rows only.

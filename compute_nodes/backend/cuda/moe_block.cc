@@ -103,11 +103,8 @@ absl::Status MoeBlock::Forward(int64_t layer, const DeviceLayer& L, const bf16* 
     const Cublas& blas = side_ != nullptr ? side_->blas() : *blas_;
     const cudaStream_t stream = side_ != nullptr ? side_->stream() : s_;
     if (side_ != nullptr) RETURN_IF_ERROR(side_->Fork());
-    const int64_t si = L.shared_down.in;
-    RETURN_IF_ERROR(Linear(blas, L.shared_gate_up, xn, h, n, shared_gu_.as<bf16>(), 2 * si));
-    RETURN_IF_ERROR(SiluMulRows(n, si, shared_gu_.as<bf16>(), stream));
-    RETURN_IF_ERROR(Linear(blas, L.shared_down, shared_gu_.as<bf16>(), 2 * si, n,
-                           shared_out_.as<bf16>(), h));
+    RETURN_IF_ERROR(Mlp(blas, stream, L.shared_gate_up, L.shared_down, xn, n,
+                        shared_gu_.as<bf16>(), shared_out_.as<bf16>()));
     shared = shared_out_.as<bf16>();
   }
   RETURN_IF_ERROR(Linear(*blas_, L.router, xn, h, n, router_logits_.as<float>(), ne, true));

@@ -19,6 +19,7 @@
 #include "compute_nodes/backend/cuda/cublas_gemm.h"
 #include "compute_nodes/backend/cuda/device_weights.h"
 #include "kernels/activation/silu_mul.h"
+#include "kernels/moe_experts/moe_experts.h"
 
 namespace strata::cuda {
 
@@ -203,6 +204,59 @@ inline absl::Status SiluMulRows(int64_t rows, int64_t inter, __nv_bfloat16* gate
   p.out = gate_up;
   p.ld_out = 2 * inter;
   return kernels::LaunchSiluMul(p, stream);
+}
+
+}  // namespace strata::cuda
+
+namespace strata::cuda {
+
+// Up to this many rows, bf16 projections and MLPs run on the bandwidth-bound kernels of
+// kernels/moe_experts (each weight row read once, one pass); above it, cuBLAS.
+inline constexpr int64_t kSkinnyMaxRows = 16;
+
+// bf16 out[rows][w.out] (row stride ldc) = a[rows][w.in] (row stride lda) · wᵀ.
+inline absl::Status LinearBf16(const Cublas& blas, cudaStream_t stream, const DeviceLinear& w,
+                               const __nv_bfloat16* a, int64_t lda, int64_t rows,
+                               __nv_bfloat16* out, int64_t ldc) {
+  if (rows <= kSkinnyMaxRows && lda == w.in && ldc == w.out) {
+    kernels::SkinnyGemmParams p;
+    p.tokens = static_cast<int>(rows);
+    p.n_out = static_cast<int>(w.out);
+    p.k = static_cast<int>(w.in);
+    p.x = a;
+    p.w = w.w;
+    p.out = out;
+    return kernels::LaunchSkinnyGemm(p, stream);
+  }
+  return Linear(blas, w, a, lda, rows, out, ldc);
+}
+
+// out[rows][H] = down · (SiLU(gate · a) * (up · a)) for a fused gate|up [2I][H] and down [H][I],
+// a [rows][H] dense; act is a [rows][2I] workspace.
+inline absl::Status Mlp(const Cublas& blas, cudaStream_t stream, const DeviceLinear& gate_up,
+                        const DeviceLinear& down, const __nv_bfloat16* a, int64_t rows,
+                        __nv_bfloat16* act, __nv_bfloat16* out) {
+  const int64_t h = gate_up.in, inter = down.in;
+  if (rows <= kSkinnyMaxRows) {
+    kernels::MoeExpertsParams p;
+    p.num_tokens = static_cast<int>(rows);
+    p.num_experts = 1;
+    p.max_active = 1;
+    p.hidden = static_cast<int>(h);
+    p.inter = static_cast<int>(inter);
+    p.token_tiles = rows <= 8 ? 1 : 2;
+    p.identity = true;
+    p.x = a;
+    p.ld_x = h;
+    p.weights = gate_up.w;
+    p.down = down.w;
+    p.act = act;
+    p.out = out;
+    return kernels::LaunchMoeExperts(p, stream);
+  }
+  RETURN_IF_ERROR(Linear(blas, gate_up, a, h, rows, act, 2 * inter));
+  RETURN_IF_ERROR(SiluMulRows(rows, inter, act, stream));
+  return Linear(blas, down, act, 2 * inter, rows, out, h);
 }
 
 }  // namespace strata::cuda
