@@ -48,8 +48,13 @@ __global__ void __launch_bounds__(kThreads, 2) MoeExpertsKernel(MoeExpertsParams
       kGateUp || p.down == nullptr
           ? p.weights + static_cast<int64_t>(e) * p.expert_stride +
                 (kGateUp ? 0 : 2 * static_cast<int64_t>(p.inter) * p.hidden)
-          : p.down + static_cast<int64_t>(e) * p.expert_stride;
-  const __nv_bfloat16* down_in = p.down_in != nullptr ? p.down_in : p.act;
+          : p.down + static_cast<int64_t>(e) * p.expert_stride +
+                blockIdx.z * p.batch_stride_w;
+  const __nv_bfloat16* down_in =
+      (p.down_in != nullptr ? p.down_in : p.act) + blockIdx.z * p.batch_stride_in;
+  const int64_t ld_in = p.ld_down_in != 0 ? p.ld_down_in : p.inter;
+  const int64_t ld_out = p.ld_out != 0 ? p.ld_out : p.hidden;
+  const int64_t out_base = blockIdx.z * p.batch_stride_out;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
 
   const uint4* wrow[2][2];
@@ -81,7 +86,7 @@ __global__ void __launch_bounds__(kThreads, 2) MoeExpertsKernel(MoeExpertsParams
         const int64_t token = p.identity ? slot : p.slot_token[slot];
         xrow[nt] = reinterpret_cast<const uint4*>(p.x + token * p.ld_x);
       } else {
-        xrow[nt] = reinterpret_cast<const uint4*>(down_in + static_cast<int64_t>(slot) * p.inter);
+        xrow[nt] = reinterpret_cast<const uint4*>(down_in + slot * ld_in);
       }
     }
     float acc[2][kNT][4];
@@ -159,8 +164,14 @@ __global__ void __launch_bounds__(kThreads, 2) MoeExpertsKernel(MoeExpertsParams
         }
       } else {
         const int r = row0 + row;
-        if (r < rows) p.out[slot * p.hidden + r] = __float2bfloat16_rn(v0);
-        if (r + 16 < rows) p.out[slot * p.hidden + r + 16] = __float2bfloat16_rn(v1);
+        const int64_t o = out_base + slot * ld_out + r;
+        if (p.out_f32 != nullptr) {
+          if (r < rows) p.out_f32[o] = v0;
+          if (r + 16 < rows) p.out_f32[o + 16] = v1;
+        } else {
+          if (r < rows) p.out[o] = __float2bfloat16_rn(v0);
+          if (r + 16 < rows) p.out[o + 16] = __float2bfloat16_rn(v1);
+        }
       }
     }
     __syncthreads();
@@ -181,7 +192,7 @@ absl::Status Launch(const MoeExpertsParams& p, cudaStream_t stream, bool gate_up
     err = cudaGetLastError();
   }
   if (err == cudaSuccess) {
-    const dim3 grid_down((p.hidden + 31) / 32, p.max_active);
+    const dim3 grid_down((p.hidden + 31) / 32, p.max_active, p.batch);
     MoeExpertsKernel<kNT, false><<<grid_down, kThreads, 0, stream>>>(p);
     err = cudaGetLastError();
   }
@@ -204,6 +215,7 @@ absl::Status ValidateMoeExpertsParams(const MoeExpertsParams& p) {
   }
   if (p.token_tiles != 1 && p.token_tiles != 2) return Invalid("token_tiles must be 1 or 2");
   if (p.ld_x < p.hidden || p.ld_x % 8 != 0) return Invalid("ld_x must be >= hidden, multiple of 8");
+  if (p.batch != 1) return Invalid("batch > 1 is for LaunchSkinnyGemm only");
   if (p.identity) {
     if (p.max_active != 1) return Invalid("identity needs max_active 1");
   } else {
@@ -233,13 +245,21 @@ absl::Status LaunchMoeExperts(const MoeExpertsParams& params, cudaStream_t strea
 }
 
 absl::Status LaunchSkinnyGemm(const SkinnyGemmParams& g, cudaStream_t stream) {
-  if (g.tokens < 0 || g.n_out <= 0 || g.n_out % 8 != 0 || g.k <= 0 || g.k % 8 != 0) {
+  if (g.tokens < 0 || g.n_out <= 0 || g.k <= 0 || g.k % 8 != 0 || g.batch <= 0 ||
+      g.batch > 65535) {
     return absl::InvalidArgumentError(
-        "LaunchSkinnyGemm: tokens >= 0, n_out and k positive multiples of 8 needed");
+        "LaunchSkinnyGemm: tokens >= 0, n_out > 0, k a positive multiple of 8, batch 1..65535");
   }
-  if (g.x == nullptr || g.w == nullptr || g.out == nullptr || Misaligned(g.x) ||
-      Misaligned(g.w) || Misaligned(g.out)) {
-    return absl::InvalidArgumentError("LaunchSkinnyGemm: x, w, out must be set, 16-byte aligned");
+  const int64_t ld_x = g.ld_x != 0 ? g.ld_x : g.k, ld_out = g.ld_out != 0 ? g.ld_out : g.n_out;
+  if (ld_x < g.k || ld_x % 8 != 0 || ld_out < g.n_out || g.batch_stride_x % 8 != 0 ||
+      g.batch_stride_w % 8 != 0) {
+    return absl::InvalidArgumentError(
+        "LaunchSkinnyGemm: ld_x >= k and x/w strides multiples of 8, ld_out >= n_out");
+  }
+  if (g.x == nullptr || g.w == nullptr || (g.out == nullptr) == (g.out_f32 == nullptr) ||
+      Misaligned(g.x) || Misaligned(g.w)) {
+    return absl::InvalidArgumentError(
+        "LaunchSkinnyGemm: x and w set and 16-byte aligned, exactly one of out and out_f32");
   }
   if (g.tokens == 0) return absl::OkStatus();
   // The down kernel of one identity-routed expert: hidden = n_out rows, inter = k.
@@ -253,7 +273,14 @@ absl::Status LaunchSkinnyGemm(const SkinnyGemmParams& g, cudaStream_t stream) {
   p.weights = g.w;
   p.down = g.w;
   p.down_in = g.x;
+  p.ld_down_in = ld_x;
   p.out = g.out;
+  p.out_f32 = g.out_f32;
+  p.ld_out = ld_out;
+  p.batch = g.batch;
+  p.batch_stride_w = g.batch_stride_w;
+  p.batch_stride_in = g.batch_stride_x;
+  p.batch_stride_out = g.batch_stride_out;
   return g.tokens <= 8 ? Launch<1>(p, stream, /*gate_up=*/false)
                        : Launch<2>(p, stream, /*gate_up=*/false);
 }

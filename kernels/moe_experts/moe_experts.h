@@ -80,25 +80,36 @@ struct MoeExpertsParams {
   const int32_t* slot_token = nullptr;     // [slots]
   __nv_bfloat16* act = nullptr;            // [slots][inter] (workspace)
   __nv_bfloat16* out = nullptr;            // [slots][hidden]
-  // Input rows of the down kernel instead of act (null: act), [slots][inter].
+  // Input rows of the down kernel instead of act (null: act), [slots][ld_down_in].
   const __nv_bfloat16* down_in = nullptr;
+  int64_t ld_down_in = 0;  // 0: inter
+  int64_t ld_out = 0;      // row stride of out / out_f32 (0: hidden)
+  float* out_f32 = nullptr;  // fp32 output of the down kernel instead of out
+  // Internal (LaunchSkinnyGemm): grid z, strides in elements between batch entries.
+  int batch = 1;
+  int64_t batch_stride_w = 0, batch_stride_in = 0, batch_stride_out = 0;
 };
 
 absl::Status ValidateMoeExpertsParams(const MoeExpertsParams& params);
 // Enqueues the gate|up + SiLU×mul kernel, then the down kernel.
 absl::Status LaunchMoeExperts(const MoeExpertsParams& params, cudaStream_t stream);
 
-// The down kernel alone as a GEMM for few token rows, reading each weight row once:
-//   out[t][j] = bf16( w[j] · x[t] )     t < tokens, j < n_out, dense rows (x [tokens][k],
-//                                        out [tokens][n_out], w [n_out][k], a torch Linear)
+// The down kernel alone as a (batched) GEMM for few token rows, reading each weight row once:
+//   out[b][t][j] = w[b][j] · x[b][t]     b < batch, t < tokens, j < n_out (w [n_out][k] a torch
+//                                        Linear), bf16 out (rounded) or fp32 out_f32
 // For tokens <= 16 (one pass: the weights are read once); more tokens re-read them per 16.
 struct SkinnyGemmParams {
   int tokens = 0;
-  int n_out = 0;  // a multiple of 8
-  int k = 0;      // a multiple of 8
-  const __nv_bfloat16* x = nullptr;  // [tokens][k]
-  const __nv_bfloat16* w = nullptr;  // [n_out][k]
-  __nv_bfloat16* out = nullptr;      // [tokens][n_out]
+  int n_out = 0;
+  int k = 0;  // a multiple of 8
+  int batch = 1;
+  const __nv_bfloat16* x = nullptr;  // [batch][tokens][ld_x] at x + b * batch_stride_x
+  int64_t ld_x = 0;                  // 0: k; a multiple of 8
+  const __nv_bfloat16* w = nullptr;  // [batch][n_out][k] at w + b * batch_stride_w
+  __nv_bfloat16* out = nullptr;      // [batch][tokens][ld_out] at out + b * batch_stride_out
+  float* out_f32 = nullptr;          // instead of out
+  int64_t ld_out = 0;                // 0: n_out
+  int64_t batch_stride_x = 0, batch_stride_w = 0, batch_stride_out = 0;  // multiples of 8 (x, w)
 };
 absl::Status LaunchSkinnyGemm(const SkinnyGemmParams& params, cudaStream_t stream);
 

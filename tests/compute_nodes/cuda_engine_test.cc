@@ -21,6 +21,7 @@
 
 #include "common/status.h"
 #include "compute_nodes/backend/cpu/cpu_engine.h"
+#include "compute_nodes/backend/cuda/step_util.h"
 #include "compute_nodes/model/make_random.h"
 #include "compute_nodes/model/weights.h"
 #include "tests/compute_nodes/test_util.h"
@@ -214,14 +215,19 @@ TEST_P(CudaEngineTest, CachedPrefixImport) {
   Engines e = Open(GetParam());
   ASSERT_NE(e.gpu, nullptr);
   const int64_t vocab = e.cpu->config().vocab_size;
-  const std::vector<int32_t> ids = Ids(75, 5);
-  std::span<const int32_t> prefix(ids.data(), 64), suffix(ids.data() + 64, 11);
+  // The suffix has more rows than cuda::kSkinnyMaxRows, so its projections run on the same GEMM
+  // kernels as the uninterrupted run's (few-row steps use other kernels, other roundings).
+  constexpr int64_t kSuffix = 20;
+  static_assert(kSuffix > cuda::kSkinnyMaxRows);
+  const std::vector<int32_t> ids = Ids(64 + kSuffix, 5);
+  std::span<const int32_t> prefix(ids.data(), 64), suffix(ids.data() + 64, kSuffix);
   // Uninterrupted GPU run.
   PageTable full;
-  ASSERT_TRUE(runtime::EnsureCapacity(e.gpu->kv_pool(), full, 75).ok());
+  ASSERT_TRUE(runtime::EnsureCapacity(e.gpu->kv_pool(), full, 64 + kSuffix).ok());
   auto ref = Fwd(*e.gpu, {SequenceInput{ids, 0, &full, true, AttentionForm::kMha}});
   ASSERT_TRUE(ref.ok()) << ref.status();
-  std::vector<float> ref_suffix(ref->at(0).logits.end() - 11 * vocab, ref->at(0).logits.end());
+  std::vector<float> ref_suffix(ref->at(0).logits.end() - kSuffix * vocab,
+                                ref->at(0).logits.end());
   for (int source = 0; source < 2; ++source) {
     runtime::Engine& from = source == 0 ? static_cast<runtime::Engine&>(*e.gpu) : *e.cpu;
     PageTable pre;
@@ -237,7 +243,7 @@ TEST_P(CudaEngineTest, CachedPrefixImport) {
       EXPECT_EQ(block, again);
     }
     PageTable warm;
-    ASSERT_TRUE(runtime::EnsureCapacity(e.gpu->kv_pool(), warm, 75).ok());
+    ASSERT_TRUE(runtime::EnsureCapacity(e.gpu->kv_pool(), warm, 64 + kSuffix).ok());
     ASSERT_TRUE(
         e.gpu->kv_pool().ImportPage(warm.pages[0], runtime::PayloadDtype::kBf16, block).ok());
     std::vector<uint8_t> back;

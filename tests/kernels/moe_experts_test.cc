@@ -190,8 +190,8 @@ void RunCase(const Case& c, MoeExpertsTest& t, std::vector<float>& x_host,
 TEST_F(MoeExpertsTest, MatchesReference) {
   const std::vector<Case> cases = {
       {1, 64, 6, 2048, 1408, 1, Routing::kRandom},    // v2-lite decode, batch 1
-      {16, 64, 6, 2048, 1408, 2, Routing::kRandom},   // batch 16: ragged and empty experts
-      {9, 64, 6, 2048, 1408, 1, Routing::kSkewed},    // 9 tokens on one expert, one-tile passes
+      {16, 24, 6, 2048, 1408, 2, Routing::kRandom},   // batch 16: ragged and empty experts
+      {9, 16, 6, 2048, 1408, 1, Routing::kSkewed},    // 9 tokens on one expert, one-tile passes
       {40, 8, 2, 136, 88, 2, Routing::kSkewed},       // 40 on expert 3: three passes; odd sizes
       {24, 16, 4, 64, 32, 1, Routing::kInvalid},      // tiny preset sizes, bad ids
       {5, 4, 4, 72, 24, 2, Routing::kRandom},         // every expert active, K below a step
@@ -253,43 +253,78 @@ TEST_F(MoeExpertsTest, IdentityMlpMatchesReference) {
 }
 
 TEST_F(MoeExpertsTest, SkinnyGemmMatchesReference) {
+  // batch > 1: strided x rows (ld_x > k, x entries interleaved as per-head slices), strided
+  // outputs with untouched gaps (still poison), fp32 or bf16 out.
   struct Shape {
-    int tokens, n_out, k;
+    int tokens, n_out, k, batch;
+    bool fp32;
   };
-  for (const Shape& c : std::vector<Shape>{{1, 3072, 2048}, {16, 576, 2048}, {5, 2048, 2048},
-                                           {33, 136, 72}, {0, 64, 64}}) {
-    SCOPED_TRACE(::testing::Message() << "tokens=" << c.tokens << " n=" << c.n_out
-                                      << " k=" << c.k);
-    const std::vector<float> w = Random(static_cast<size_t>(c.n_out) * c.k,
-                                        1.f / std::sqrt(static_cast<float>(c.k)));
-    const std::vector<float> x = Random(static_cast<size_t>(c.tokens) * c.k, 1.f);
+  for (const Shape& c : std::vector<Shape>{{1, 3072, 2048, 1, false},
+                                           {16, 576, 2048, 1, false},
+                                           {5, 2048, 2048, 1, false},
+                                           {33, 136, 72, 1, false},
+                                           {0, 64, 64, 1, false},
+                                           {3, 64, 2048, 1, true},
+                                           {7, 512, 128, 16, false},
+                                           {16, 128, 512, 16, false},
+                                           {2, 61, 40, 3, true}}) {
+    SCOPED_TRACE(::testing::Message() << "tokens=" << c.tokens << " n=" << c.n_out << " k=" << c.k
+                                      << " batch=" << c.batch << " fp32=" << c.fp32);
+    const int64_t ld_x = static_cast<int64_t>(c.batch) * (c.k + 8), stride_x = c.k + 8;
+    const int64_t ld_out = static_cast<int64_t>(c.batch) * (c.n_out + 3), stride_out = c.n_out + 3;
+    const int64_t stride_w = static_cast<int64_t>(c.n_out) * c.k + 16;
+    const std::vector<float> w =
+        Random(stride_w * c.batch, 1.f / std::sqrt(static_cast<float>(c.k)));
+    const std::vector<float> x = Random(std::max<int64_t>(c.tokens, 1) * ld_x, 1.f);
     DeviceBuffer d_w(ToBf16s(w)), d_x(ToBf16s(x));
-    DeviceBuffer d_out(static_cast<size_t>(std::max(c.tokens, 1)) * c.n_out * 2);
+    DeviceBuffer d_out(std::max<int64_t>(c.tokens, 1) * ld_out * (c.fp32 ? 4 : 2));
     SkinnyGemmParams p;
     p.tokens = c.tokens;
     p.n_out = c.n_out;
     p.k = c.k;
+    p.batch = c.batch;
     p.x = d_x.get<__nv_bfloat16>();
+    p.ld_x = ld_x;
+    p.batch_stride_x = stride_x;
     p.w = d_w.get<__nv_bfloat16>();
-    p.out = d_out.get<__nv_bfloat16>();
+    p.batch_stride_w = stride_w;
+    if (c.fp32) {
+      p.out_f32 = d_out.get<float>();
+    } else {
+      p.out = d_out.get<__nv_bfloat16>();
+    }
+    p.ld_out = ld_out;
+    p.batch_stride_out = stride_out;
     const absl::Status st = LaunchSkinnyGemm(p, nullptr);
     ASSERT_TRUE(st.ok()) << st;
     ASSERT_CUDA_OK(cudaDeviceSynchronize());
-    const auto out = d_out.Download<uint16_t>();
+    const auto out16 = d_out.Download<uint16_t>();
+    const auto out32 = d_out.Download<float>();
     ErrorSummary err;
+    int64_t gaps_written = 0;
     for (int t = 0; t < c.tokens; ++t) {
-      for (int j = 0; j < c.n_out; ++j) {
-        double acc = 0;
-        for (int k = 0; k < c.k; ++k) {
-          acc += static_cast<double>(w[static_cast<size_t>(j) * c.k + k]) * x[t * c.k + k];
+      for (int b = 0; b < c.batch; ++b) {
+        for (int j = 0; j < c.n_out + 3; ++j) {
+          const int64_t o = t * ld_out + b * stride_out + j;
+          const float got = c.fp32 ? out32[o] : FromBf16(out16[o]);
+          if (j >= c.n_out) {
+            gaps_written += std::isnan(got) ? 0 : 1;
+            continue;
+          }
+          double acc = 0;
+          for (int k = 0; k < c.k; ++k) {
+            acc += static_cast<double>(w[b * stride_w + static_cast<int64_t>(j) * c.k + k]) *
+                   x[t * ld_x + b * stride_x + k];
+          }
+          err.Add(got, c.fp32 ? static_cast<float>(acc) : RoundBf16(static_cast<float>(acc)));
         }
-        err.Add(FromBf16(out[static_cast<size_t>(t) * c.n_out + j]),
-                RoundBf16(static_cast<float>(acc)));
       }
     }
     EXPECT_EQ(err.non_finite, 0);
+    EXPECT_EQ(gaps_written, 0) << "wrote outside the output columns";
     EXPECT_LT(err.Rel(), 1e-2);
-    std::printf("skinny tokens %2d n %5d k %5d: rel %.2e\n", c.tokens, c.n_out, c.k, err.Rel());
+    std::printf("skinny tokens %2d n %5d k %5d batch %2d fp32 %d: rel %.2e\n", c.tokens, c.n_out,
+                c.k, c.batch, c.fp32, err.Rel());
   }
 }
 

@@ -122,6 +122,7 @@ struct CudaEngine::Impl {
         moe(w.config(), &b, st, side.get(), o.moe_device_max_tokens, &grows) {}
   ~Impl() {
     if (inv_freq != nullptr) (void)cudaFree(inv_freq);
+    if (wuk_t != nullptr) (void)cudaFree(wuk_t);
     if (ev_start != nullptr) (void)cudaEventDestroy(ev_start);
     if (ev_end != nullptr) (void)cudaEventDestroy(ev_end);
     if (ev_copied != nullptr) (void)cudaEventDestroy(ev_copied);
@@ -144,6 +145,9 @@ struct CudaEngine::Impl {
   const CudaEngineOptions options;
   int64_t grows = 0;          // buffer reallocations (declared before the buffers that count)
   float* inv_freq = nullptr;  // [rope / 2]
+  // W_UK of every layer transposed, [layers][heads][512][nope]: the absorbed q · W_UK as a skinny
+  // GEMM over contiguous rows (null when nope is not a multiple of 8).
+  bf16* wuk_t = nullptr;
   int num_sms = 132;
   cudaEvent_t ev_start = nullptr, ev_end = nullptr, ev_copied = nullptr;
   PinnedBuf host_logits;  // [logits rows][vocab] fp32
@@ -238,6 +242,18 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(
   CUDA_RETURN_IF_ERROR(cudaMemcpy(I.inv_freq, inv.data(), inv.size() * 4, cudaMemcpyHostToDevice));
   CUDA_RETURN_IF_ERROR(
       cudaDeviceGetAttribute(&I.num_sms, cudaDevAttrMultiProcessorCount, options.device));
+  if (c.qk_nope_head_dim % 8 == 0) {
+    const int64_t heads = c.num_attention_heads, nope = c.qk_nope_head_dim;
+    const int64_t per_layer = heads * kLatent * nope;
+    CUDA_RETURN_IF_ERROR(
+        cudaMalloc(reinterpret_cast<void**>(&I.wuk_t), c.num_hidden_layers * per_layer * 2));
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+      RETURN_IF_ERROR(TransposeBatched(e->weights_->layers()[l].kv_b_proj.w,
+                                       (nope + c.v_head_dim) * kLatent, heads, nope, kLatent,
+                                       I.wuk_t + l * per_layer, e->stream_));
+    }
+    CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(e->stream_));
+  }
   CUDA_RETURN_IF_ERROR(cudaEventCreate(&I.ev_start));
   CUDA_RETURN_IF_ERROR(cudaEventCreate(&I.ev_end));
   CUDA_RETURN_IF_ERROR(cudaEventCreate(&I.ev_copied));
@@ -648,7 +664,30 @@ absl::Status CudaEngine::Impl::AbsorbedAttention(const DeviceLayer& L, const Ste
     qdp = qd.as<bf16>();
   }
   bf16* qf = qfull.as<bf16>();
+  const bool skinny = m <= kSkinnyMaxRows && wuk_t != nullptr;
+  // q_pe into the query rows (side stream) beside q_lat.
+  RETURN_IF_ERROR(side->Fork());
+  CopyHeadsParams cp{m, heads, kRope, kRope, qdp + nope, heads * qk, qk, qf + kLatent,
+                     hq_pad * kRow, kRow};
+  RETURN_IF_ERROR(CopyHeads(cp, side->stream()));
   // q_lat[r][hd] = q_nope[r][hd] · W_UK[hd]   ([nope] × [nope][512], one GEMM per head).
+  if (skinny) {
+    kernels::SkinnyGemmParams sg;
+    sg.tokens = static_cast<int>(m);
+    sg.n_out = static_cast<int>(kLatent);
+    sg.k = static_cast<int>(nope);
+    sg.batch = static_cast<int>(heads);
+    sg.x = qdp;
+    sg.ld_x = heads * qk;
+    sg.batch_stride_x = qk;
+    sg.w = wuk_t + layer * heads * kLatent * nope;
+    sg.batch_stride_w = kLatent * nope;
+    sg.out = qf;
+    sg.ld_out = hq_pad * kRow;
+    sg.batch_stride_out = kRow;
+    RETURN_IF_ERROR(kernels::LaunchSkinnyGemm(sg, s));
+    RETURN_IF_ERROR(side->Join());
+  }
   GemmArgs g;
   g.m = m;
   g.n = kLatent;
@@ -664,10 +703,10 @@ absl::Status CudaEngine::Impl::AbsorbedAttention(const DeviceLayer& L, const Ste
   g.ldc = hq_pad * kRow;
   g.stride_c = kRow;
   g.batch = heads;
-  RETURN_IF_ERROR(blas.Gemm(g));
-  CopyHeadsParams cp{m, heads, kRope, kRope, qdp + nope, heads * qk, qk, qf + kLatent,
-                     hq_pad * kRow, kRow};
-  RETURN_IF_ERROR(CopyHeads(cp, s));
+  if (!skinny) {
+    RETURN_IF_ERROR(blas.Gemm(g));
+    RETURN_IF_ERROR(side->Join());
+  }
   kernels::MlaDecodeParams p;
   p.batch = static_cast<int>(m);
   p.num_heads_q = static_cast<int>(hq_pad);
@@ -685,6 +724,22 @@ absl::Status CudaEngine::Impl::AbsorbedAttention(const DeviceLayer& L, const Ste
   RETURN_IF_ERROR(kernels::LaunchMlaDecode(p, s));
   // out[r][hd] = o_lat[r][hd] · W_UV[hd]ᵀ   ([512] × [vd][512]ᵀ, one GEMM per head).
   bf16* odp = P.all_decode ? attn.as<bf16>() : od.as<bf16>();
+  if (skinny) {
+    kernels::SkinnyGemmParams sg;
+    sg.tokens = static_cast<int>(m);
+    sg.n_out = static_cast<int>(vd);
+    sg.k = static_cast<int>(kLatent);
+    sg.batch = static_cast<int>(heads);
+    sg.x = olat.as<bf16>();
+    sg.ld_x = hq_pad * kLatent;
+    sg.batch_stride_x = kLatent;
+    sg.w = L.kv_b_proj.w + nope * kLatent;
+    sg.batch_stride_w = kvb_row * kLatent;
+    sg.out = odp;
+    sg.ld_out = heads * vd;
+    sg.batch_stride_out = vd;
+    RETURN_IF_ERROR(kernels::LaunchSkinnyGemm(sg, s));
+  }
   g = GemmArgs{};
   g.m = m;
   g.n = vd;
@@ -700,7 +755,7 @@ absl::Status CudaEngine::Impl::AbsorbedAttention(const DeviceLayer& L, const Ste
   g.ldc = heads * vd;
   g.stride_c = vd;
   g.batch = heads;
-  RETURN_IF_ERROR(blas.Gemm(g));
+  if (!skinny) RETURN_IF_ERROR(blas.Gemm(g));
   if (!P.all_decode) {
     RETURN_IF_ERROR(ScatterRows(odp, heads * vd, meta.At<int64_t>(P.o_dec), m, heads * vd,
                                 attn.as<bf16>(), heads * vd, s));

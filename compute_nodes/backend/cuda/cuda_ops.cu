@@ -71,6 +71,17 @@ __global__ void MoeCombineKernel(const __nv_bfloat16* expert_out, const int64_t*
   }
 }
 
+__global__ void TransposeBatchedKernel(const __nv_bfloat16* src, int64_t src_batch_stride,
+                                       int64_t batch, int64_t rows, int64_t cols,
+                                       __nv_bfloat16* dst) {
+  const int64_t total = batch * rows * cols;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i % rows, c = (i / rows) % cols, b = i / (rows * cols);
+    dst[i] = src[b * src_batch_stride + r * cols + c];
+  }
+}
+
 __device__ uint64_t Mix(uint64_t z) {
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
@@ -139,6 +150,16 @@ absl::Status MoeCombine(const __nv_bfloat16* expert_out, const int64_t* pos, con
   MoeCombineKernel<<<Blocks(tokens * dim), kThreads, 0, stream>>>(expert_out, pos, weights, tokens,
                                                                   top_k, dim, shared, out);
   return LaunchError("MoeCombine");
+}
+
+absl::Status TransposeBatched(const __nv_bfloat16* src, int64_t src_batch_stride, int64_t batch,
+                              int64_t rows, int64_t cols, __nv_bfloat16* dst,
+                              cudaStream_t stream) {
+  const int64_t total = batch * rows * cols;
+  if (total == 0) return absl::OkStatus();
+  TransposeBatchedKernel<<<Blocks(total), kThreads, 0, stream>>>(src, src_batch_stride, batch, rows,
+                                                                 cols, dst);
+  return LaunchError("TransposeBatched");
 }
 
 absl::Status FillRandomBf16(__nv_bfloat16* dst, int64_t n, int kind, float stddev, uint64_t seed,

@@ -107,7 +107,18 @@ absl::Status MoeBlock::Forward(int64_t layer, const DeviceLayer& L, const bf16* 
                         shared_gu_.as<bf16>(), shared_out_.as<bf16>()));
     shared = shared_out_.as<bf16>();
   }
-  RETURN_IF_ERROR(Linear(*blas_, L.router, xn, h, n, router_logits_.as<float>(), ne, true));
+  if (n <= kSkinnyMaxRows) {
+    kernels::SkinnyGemmParams g;
+    g.tokens = static_cast<int>(n);
+    g.n_out = static_cast<int>(ne);
+    g.k = static_cast<int>(h);
+    g.x = xn;
+    g.w = L.router.w;
+    g.out_f32 = router_logits_.as<float>();
+    RETURN_IF_ERROR(kernels::LaunchSkinnyGemm(g, s_));
+  } else {
+    RETURN_IF_ERROR(Linear(*blas_, L.router, xn, h, n, router_logits_.as<float>(), ne, true));
+  }
   {
     kernels::MoeRouterParams p;
     p.num_tokens = static_cast<int>(n);
