@@ -1,6 +1,7 @@
 // Log-sum-exp merge of the split-KV partials into the bf16 output and the lse.
 #include "common/cuda/cuda_status.h"
 #include "kernels/mla_decode/mla_decode.cuh"
+#include "kernels/common/pdl.cuh"
 
 namespace strata::kernels {
 namespace mla_detail {
@@ -11,6 +12,7 @@ namespace mla_detail {
 // the same order, as a plain loop over the splits.
 __global__ void __launch_bounds__(128) MlaDecodeCombineKernel(MlaDecodeParams p) {
   __shared__ float split_lse[kMlaMaxSplits];
+  PdlGridSync();
   const int head = blockIdx.x, b = blockIdx.y, h_q = p.num_heads_q, ns = p.num_splits;
   const float* lse_in = p.lse_accum + static_cast<size_t>(b) * ns * h_q + head;
   if (threadIdx.x < ns) split_lse[threadIdx.x] = lse_in[threadIdx.x * h_q];
@@ -60,7 +62,8 @@ __global__ void __launch_bounds__(128) MlaDecodeCombineKernel(MlaDecodeParams p)
 
 absl::Status LaunchMlaDecodeCombine(const MlaDecodeParams& params, cudaStream_t stream) {
   const dim3 grid(params.num_heads_q, params.batch);
-  mla_detail::MlaDecodeCombineKernel<<<grid, kMlaValueDim / 4, 0, stream>>>(params);
+  (void)LaunchPdl(mla_detail::MlaDecodeCombineKernel, grid, dim3(kMlaValueDim / 4), 0, stream,
+                  params);
   CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();
 }

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "kernels/moe_experts/moe_experts.h"
+#include "kernels/common/pdl.cuh"
 
 namespace strata::kernels {
 namespace {
@@ -15,6 +16,7 @@ __global__ void __launch_bounds__(kThreads) MoeAlignKernel(MoeAlignParams p) {
   __shared__ int fill[kMoeAlignMaxExperts];
   __shared__ int active_at[kMoeAlignMaxExperts];  // position in the active list, or -1
   __shared__ int bad;
+  PdlGridSync();
   const int tid = threadIdx.x;
   const int num_e = p.num_experts;
   const int total = p.num_tokens * p.top_k;
@@ -112,7 +114,7 @@ absl::Status ValidateMoeAlignParams(const MoeAlignParams& p) {
 
 absl::Status LaunchMoeAlign(const MoeAlignParams& params, cudaStream_t stream) {
   if (absl::Status st = ValidateMoeAlignParams(params); !st.ok()) return st;
-  MoeAlignKernel<<<1, kThreads, 0, stream>>>(params);
+  (void)LaunchPdl(MoeAlignKernel, dim3(1), dim3(kThreads), 0, stream, params);
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) {
     return absl::InternalError(std::string("LaunchMoeAlign: ") + cudaGetErrorString(err));

@@ -15,6 +15,7 @@
 
 #include "kernels/common/sm80_ptx.cuh"
 #include "kernels/moe_experts/moe_experts.h"
+#include "kernels/common/pdl.cuh"
 
 namespace strata::kernels {
 namespace {
@@ -34,6 +35,7 @@ __device__ __forceinline__ uint4 LoadStream(const uint4* p) {
 template <int kNT, bool kGateUp>
 __global__ void __launch_bounds__(kThreads, 2) MoeExpertsKernel(MoeExpertsParams p) {
   __shared__ float red[kWarps][2][kNT][4][32];
+  PdlGridSync();
   int e = 0, count = p.num_tokens, first = 0;
   if (!p.identity) {
     if (static_cast<int>(blockIdx.y) >= *p.num_active) return;
@@ -188,12 +190,12 @@ absl::Status Launch(const MoeExpertsParams& p, cudaStream_t stream, bool gate_up
   cudaError_t err = cudaSuccess;
   if (gate_up) {
     const dim3 grid_gu((p.inter + 15) / 16, p.max_active);
-    MoeExpertsKernel<kNT, true><<<grid_gu, kThreads, 0, stream>>>(p);
+    (void)LaunchPdl(MoeExpertsKernel<kNT, true>, grid_gu, dim3(kThreads), 0, stream, p);
     err = cudaGetLastError();
   }
   if (err == cudaSuccess) {
     const dim3 grid_down((p.hidden + 31) / 32, p.max_active, p.batch);
-    MoeExpertsKernel<kNT, false><<<grid_down, kThreads, 0, stream>>>(p);
+    (void)LaunchPdl(MoeExpertsKernel<kNT, false>, grid_down, dim3(kThreads), 0, stream, p);
     err = cudaGetLastError();
   }
   if (err != cudaSuccess) {

@@ -20,8 +20,12 @@ if [[ $steps == *ktest* ]]; then
   timeout $(( $(left) < 120 ? $(left) : 120 )) ./kernels_moe_experts_test > $OUT/kernels.log 2>&1
   echo "kernels_moe_experts_test rc=$? at $(( $(date +%s) - start )) s"
   grep -E "tokens .*rel|FAILED|Failure|PASSED" $OUT/kernels.log | head -30
-  timeout $(( $(left) < 150 ? $(left) : 150 )) ./kernels_mla_decode_test > $OUT/mla.log 2>&1
-  echo "kernels_mla_decode_test rc=$? at $(( $(date +%s) - start )) s"
+  : > $OUT/mla.log
+  for t in kernels_mla_decode_test kernels_norm_act_test kernels_rope_test kernels_moe_router_test; do
+    echo "=== $t" >> $OUT/mla.log
+    timeout $(( $(left) < 150 ? $(left) : 150 )) ./$t >> $OUT/mla.log 2>&1
+    echo "$t rc=$? at $(( $(date +%s) - start )) s"
+  done
   grep -E "FAILED|Failure|PASSED" $OUT/mla.log | head -20
 fi
 if [[ " $steps " == *" test "* ]]; then
