@@ -10,6 +10,8 @@
 
 #include <utility>
 
+#include "kernels/common/pdl.h"
+
 namespace strata::kernels {
 
 __device__ __forceinline__ void PdlGridSync() {
@@ -17,8 +19,8 @@ __device__ __forceinline__ void PdlGridSync() {
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 }
 
-// kernel<<<grid, block, smem, stream>>>(args...) with the programmatic-serialization attribute.
-// Returns the launch error, which is also the runtime's last error (as after <<<>>>).
+// kernel<<<grid, block, smem, stream>>>(args...), with the programmatic-serialization attribute
+// when enabled. Returns the launch error, which is also the runtime's last error (as after <<<>>>).
 template <typename... KernelArgs, typename... Args>
 cudaError_t LaunchPdl(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem,
                       cudaStream_t stream, Args&&... args) {
@@ -31,7 +33,7 @@ cudaError_t LaunchPdl(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size
   attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute[0].val.programmaticStreamSerializationAllowed = 1;
   config.attrs = attribute;
-  config.numAttrs = 1;
+  config.numAttrs = ProgrammaticLaunchEnabled() ? 1 : 0;
   return cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...);
 }
 

@@ -17,6 +17,7 @@
 #include "compute_nodes/backend/cuda/step_util.h"
 #include "compute_nodes/model/safetensors.h"
 #include "compute_nodes/model/weights.h"
+#include "kernels/common/pdl.h"
 #include "kernels/mla_decode/mla_decode.h"
 #include "kernels/moe_router/moe_router.h"
 #include "kernels/norm_rope/rms_norm.h"
@@ -95,7 +96,7 @@ void CopyOutLogits(const float* pinned, const std::vector<int64_t>& first_row, i
   };
   const int64_t bytes = (first_row.empty() ? 0 : first_row.back()) * vocab * 4;
   const int64_t threads = std::min<int64_t>(
-      {seqs, bytes / (int64_t{2} << 20), std::max(1u, std::thread::hardware_concurrency()), 8});
+      {seqs, bytes / (int64_t{1} << 20), std::max(1u, std::thread::hardware_concurrency()), 16});
   if (threads <= 1) {
     copy(0, seqs);
     return;
@@ -529,6 +530,8 @@ absl::Status CudaEngine::Impl::Enqueue(const StepPlan& P) {
   const int64_t n = P.n, h = c.hidden_size, heads = c.num_attention_heads;
   const int64_t nope = c.qk_nope_head_dim, qk = c.qk_head_dim();
   const int64_t hq_pad = (heads + 15) / 16 * 16;
+  // Programmatic launches pay for few-row steps only (kernels/common/pdl.cuh).
+  kernels::ProgrammaticLaunchEnabled() = n <= kSkinnyMaxRows;
   if (P.m > 0 && hq_pad != heads) {
     // Padded query heads stay zero (finite scores; their outputs are never read).
     CUDA_RETURN_IF_ERROR(cudaMemsetAsync(qfull.as<bf16>(), 0, P.m * hq_pad * kRow * 2, s));
