@@ -96,7 +96,7 @@ void CopyOutLogits(const float* pinned, const std::vector<int64_t>& first_row, i
   };
   const int64_t bytes = (first_row.empty() ? 0 : first_row.back()) * vocab * 4;
   const int64_t threads = std::min<int64_t>(
-      {seqs, bytes / (int64_t{1} << 20), std::max(1u, std::thread::hardware_concurrency()), 16});
+      {seqs, bytes / (int64_t{2} << 20), std::max(1u, std::thread::hardware_concurrency()), 8});
   if (threads <= 1) {
     copy(0, seqs);
     return;
