@@ -328,13 +328,52 @@ TEST_F(MoeExpertsTest, SkinnyGemmMatchesReference) {
   }
 }
 
-TEST_F(MoeExpertsTest, RejectsBadParams) {
+// Argument checks touch no device: they run without a GPU too.
+TEST(MoeExpertsParamsTest, RejectsBadParams) {
   MoeExpertsParams p;
   EXPECT_FALSE(ValidateMoeExpertsParams(p).ok());
   MoeAlignParams a;
   a.num_experts = kMoeAlignMaxExperts + 1;
   a.top_k = 1;
   EXPECT_FALSE(ValidateMoeAlignParams(a).ok());
+  // A well-formed identity MLP, then one bad field at a time.
+  alignas(16) static __nv_bfloat16 buf[64];
+  p.num_tokens = 1;
+  p.num_experts = 1;
+  p.max_active = 1;
+  p.hidden = 8;
+  p.inter = 8;
+  p.token_tiles = 1;
+  p.identity = true;
+  p.x = p.weights = buf;
+  p.ld_x = 8;
+  p.act = p.out = buf;
+  EXPECT_TRUE(ValidateMoeExpertsParams(p).ok());
+  MoeExpertsParams q = p;
+  q.max_active = 2;
+  EXPECT_FALSE(ValidateMoeExpertsParams(q).ok()) << "identity needs max_active 1";
+  q = p;
+  q.hidden = 12;
+  EXPECT_FALSE(ValidateMoeExpertsParams(q).ok()) << "hidden not a multiple of 8";
+  q = p;
+  q.token_tiles = 3;
+  EXPECT_FALSE(ValidateMoeExpertsParams(q).ok());
+  q = p;
+  q.identity = false;
+  EXPECT_FALSE(ValidateMoeExpertsParams(q).ok()) << "routed without alignment arrays";
+  q = p;
+  q.x = buf + 1;
+  EXPECT_FALSE(ValidateMoeExpertsParams(q).ok()) << "misaligned x";
+  SkinnyGemmParams g;
+  g.tokens = 1;
+  g.n_out = 8;
+  g.k = 12;
+  g.x = g.w = buf;
+  g.out = buf;
+  EXPECT_FALSE(LaunchSkinnyGemm(g, nullptr).ok()) << "k not a multiple of 8";
+  g.k = 8;
+  g.out_f32 = reinterpret_cast<float*>(buf);
+  EXPECT_FALSE(LaunchSkinnyGemm(g, nullptr).ok()) << "both outputs set";
 }
 
 }  // namespace

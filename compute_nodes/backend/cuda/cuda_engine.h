@@ -3,26 +3,30 @@
 //
 // Weights are uploaded once (DeviceWeights); the latent KV lives in a DeviceKvPool. Per layer:
 // RMSNorm fused with the residual add (kernels/norm_rope), the projections through cuBLAS
-// (cublas_gemm.h), YaRN RoPE (kernels/norm_rope), the new latent + k_pe rows written into their
-// pages, then attention:
+// (cublas_gemm.h) or, for steps of at most kSkinnyMaxRows rows, the bandwidth-bound skinny GEMM of
+// kernels/moe_experts (step_util.h), YaRN RoPE (kernels/norm_rope), the new latent + k_pe rows
+// written into their pages (on a side stream, beside the query projection), then attention:
 //  - MHA form (prefill chunks): the sequence's whole context is gathered from its pages,
 //    decompressed with kv_b_proj (one GEMM) and attended with kernels/prefill_attention (causal,
 //    bottom-right: the new tokens are the last of the context). Head dims are zero-padded to the
 //    kernel's 192 (q/k) and 128 (v), so the small test presets run the same code.
-//  - Absorbed form (decode): q_nope · W_UK per head (a strided-batched GEMM) then
+//  - Absorbed form (decode): q_nope · W_UK per head (a strided-batched GEMM; for few rows a
+//    batched skinny GEMM over a transposed copy of W_UK) then
 //    kernels/mla_decode over the latent pages (heads zero-padded to a multiple of 16), then
 //    · W_UVᵀ per head. A multi-token absorbed chunk is one decode query per token.
 // The MoE block (moe_block.h) routes with kernels/moe_router; for decode-sized token counts the
 // routing stays on the device (kernels/moe_experts: per-expert slot groups, then grouped gate|up +
 // SiLU×mul and down kernels that read each active expert's weights once); for larger counts it
 // comes to the host (one sync per MoE layer) for one cuBLAS gate|up and down GEMM per expert. Then
-// a weighted combine with the shared experts' output.
+// a weighted combine with the shared experts' output (computed on the side stream).
 //
 // A step whose rows are all decode rows (and whose MoE stays on the device) is captured into a
 // CUDA graph keyed by its shape (decode_graph.h) and replayed on later steps of that shape; its
-// per-step metadata goes through one fixed device buffer uploaded before the replay.
+// per-step metadata goes through one fixed device buffer uploaded before the replay. Steps of at
+// most kSkinnyMaxRows rows launch their kernels programmatically (kernels/common/pdl.h).
 //
-// Logits are fp32 from a bf16 lm_head GEMM. Not thread-safe (one Forward at a time, as every
+// Logits are fp32 from a bf16 lm_head GEMM, copied once into pinned memory and from there into
+// the caller's output vectors. Not thread-safe (one Forward at a time, as every
 // Engine); the pool's Export/ImportPage may be called between Forwards.
 #pragma once
 

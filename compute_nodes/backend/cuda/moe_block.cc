@@ -148,7 +148,7 @@ absl::Status MoeBlock::Forward(int64_t layer, const DeviceLayer& L, const bf16* 
     token_slot = token_slot_.as<int64_t>();
   } else {
     RETURN_IF_ERROR(RouteOnHost(layer, L, xn, n));
-    token_slot = host_meta_.At<int64_t>(0);
+    token_slot = host_meta_.At<int64_t>(host_slot_offset_);
   }
   if (L.has_shared && side_ != nullptr) RETURN_IF_ERROR(side_->Join());
   return MoeCombine(ye_.as<bf16>(), token_slot, weights_.as<float>(), n, k, h, shared, delta, s_);
@@ -221,8 +221,8 @@ absl::Status MoeBlock::RouteOnHost(int64_t layer, const DeviceLayer& L, const bf
     }
   }
   host_meta_.Clear();
-  const size_t o_pos = host_meta_.Add(pos), o_perm = host_meta_.Add(perm);
-  static_cast<void>(o_pos);  // 0: Forward reads the positions at offset 0
+  host_slot_offset_ = host_meta_.Add(pos);
+  const size_t o_perm = host_meta_.Add(perm);
   RETURN_IF_ERROR(host_meta_.Upload(s_));
   bf16* xe = xe_.as<bf16>();
   bf16* gue = gue_.as<bf16>();

@@ -72,7 +72,8 @@ class MoeBlock {
   Buf count_, offset_, active_, slot_token_, token_slot_, act_, num_active_, error_;
   // Host path: expert rows gathered [n k][H], gate|up [n k][2I].
   Buf xe_, gue_;
-  Meta host_meta_;
+  Meta host_meta_;  // per layer: slot of each choice [n k] (int64), then slot -> token [n k]
+  size_t host_slot_offset_ = 0;
   // Both: expert outputs per slot [n k][H]; shared experts' gate|up [n][2 I_s] and out [n][H].
   Buf ye_, shared_gu_, shared_out_;
   int32_t* host_routing_ = nullptr;  // pinned [host_routing_len_]: the host path's routing
