@@ -206,10 +206,6 @@ inline absl::Status SiluMulRows(int64_t rows, int64_t inter, __nv_bfloat16* gate
   return kernels::LaunchSiluMul(p, stream);
 }
 
-}  // namespace strata::cuda
-
-namespace strata::cuda {
-
 // Up to this many rows, bf16 projections and MLPs run on the bandwidth-bound kernels of
 // kernels/moe_experts (each weight row read once, one pass); above it, cuBLAS.
 inline constexpr int64_t kSkinnyMaxRows = 16;
