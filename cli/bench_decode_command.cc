@@ -1,19 +1,23 @@
 // strata bench decode: one decode step of a whole model on the CUDA backend, against its HBM floor.
 //
 //   strata bench decode [--preset v2-lite-shape | --model DIR] [--batch 1,16,64] [--context 1024]
-//                       [--steps 20] [--num-layers N] [--json PATH]
+//                       [--steps 20] [--num-layers N] [--json PATH] [--cuda-graphs 1]
+//                       [--moe-device-max-tokens 256]
 //
 // The weights are random bf16 drawn on the GPU (--preset; no checkpoint on disk) or a checkpoint
 // (--model). Every sequence starts with --context tokens of random latent KV in its pages, then
 // decode steps (absorbed form) run for all sequences of the batch at once; each step is timed on
-// the host around Forward (which ends with the logits on the host), median of --steps after 3
-// warm-up steps.
+// the host around Forward (which ends with the logits on the host, in the output vectors of the
+// previous step, reused as a serving loop reuses them), median of --steps after 3 warm-up steps.
 //
 // HBM floor of a step = (bytes of weights the step reads + latent KV bytes it reads) / 4.27 TB/s,
 // the device-to-device copy bandwidth measured on an H200 of this workplace. Weights read: every
 // attention, dense-MLP, shared-expert, router and lm_head tensor, and the routed experts that got
 // at least one token in that step (CudaEngine::last_step()). ratio = floor / measured step time
-// (1.0 = at the floor); JSON ratios.decode_step_vs_hbm_floor_b<B>.
+// (1.0 = at the floor); JSON ratios.decode_step_vs_hbm_floor_b<B>. "gpu ms" is the median GPU
+// time of the step's work (events around it; without the host's planning and the logits copy).
+// --cuda-graphs 0 and --moe-device-max-tokens 0 switch the decode graph and the device-side MoE
+// path off (the backend as it was before both, for comparisons).
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 
@@ -38,6 +42,8 @@ constexpr double kHbmBytesPerSecond = 4.27e12;
 struct Args {
   std::string preset = "v2-lite-shape", model_dir, batches = "1,16,64", json;
   int64_t context = 1024, steps = 20, num_layers = 0;
+  bool cuda_graphs = true;
+  int64_t moe_device_max_tokens = 256;
 };
 
 void Run(const Args& a) {
@@ -53,6 +59,8 @@ void Run(const Args& a) {
   const int64_t pages_per_seq = (a.context + a.steps + 3 + 63) / 64;
   cuda::CudaEngineOptions options;
   options.num_pages = max_b * pages_per_seq;
+  options.cuda_graphs = a.cuda_graphs;
+  options.moe_device_max_tokens = a.moe_device_max_tokens;
   if (auto st = cuda::CudaAvailable(); !st.ok()) Fail(2, StrCat("bench decode: ", st.message()));
   const auto t0 = std::chrono::steady_clock::now();
   if (!a.model_dir.empty()) {
@@ -87,11 +95,14 @@ void Run(const Args& a) {
   report["model"] = a.model_dir.empty() ? a.preset : a.model_dir;
   report["num_layers"] = c.num_hidden_layers;
   report["context"] = a.context;
+  report["cuda_graphs"] = a.cuda_graphs;
+  report["moe_device_max_tokens"] = a.moe_device_max_tokens;
   report["hbm_bytes_per_second"] = kHbmBytesPerSecond;
   report["ratios"] = nlohmann::json::object();
   std::mt19937 rng(1);
-  std::cout << fmt::format("{:>6} {:>10} {:>10} {:>10} {:>10} {:>10} {:>8}\n", "batch", "step ms",
-                           "tok/s", "weights GB", "kv GB", "floor ms", "ratio");
+  std::cout << fmt::format("{:>6} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>8} {:>6}\n",
+                           "batch", "step ms", "gpu ms", "tok/s", "weights GB", "kv GB",
+                           "floor ms", "ratio", "graph");
   for (int64_t b : batches) {
     std::vector<runtime::PageTable> pages(b);
     for (auto& p : pages) {
@@ -101,8 +112,9 @@ void Run(const Args& a) {
       }
     }
     std::vector<int32_t> tokens(b);
-    std::vector<double> ms;
+    std::vector<double> ms, gpu_ms, enqueue_ms, copy_ms, output_ms;
     cuda::StepStats stats;
+    std::vector<runtime::SequenceOutput> out;  // reused across steps, as a serving loop does
     for (int64_t step = 0; step < a.steps + 3; ++step) {
       std::vector<runtime::SequenceInput> batch(b);
       for (int64_t s = 0; s < b; ++s) {
@@ -110,7 +122,6 @@ void Run(const Args& a) {
         batch[s] = {std::span<const int32_t>(&tokens[s], 1), a.context + step, &pages[s], false,
                     runtime::AttentionForm::kAbsorbed};
       }
-      std::vector<runtime::SequenceOutput> out;
       const auto s0 = std::chrono::steady_clock::now();
       if (auto st = engine->Forward(batch, &out); !st.ok()) Fail(1, st.ToString());
       const double t =
@@ -118,20 +129,38 @@ void Run(const Args& a) {
       if (step >= 3) {
         ms.push_back(t);
         stats = engine->last_step();
+        gpu_ms.push_back(stats.device_ms);
+        enqueue_ms.push_back(stats.host_enqueue_ms);
+        copy_ms.push_back(stats.logits_copy_ms);
+        output_ms.push_back(stats.host_output_ms);
       }
     }
     for (auto& p : pages) runtime::ReleasePages(engine->kv_pool(), p);
     std::sort(ms.begin(), ms.end());
+    auto median = [](std::vector<double> v) {
+      std::sort(v.begin(), v.end());
+      return v[v.size() / 2];
+    };
     const double med = ms[ms.size() / 2];
+    const double gpu_med = median(gpu_ms);
     const double bytes = static_cast<double>(stats.weight_bytes + stats.kv_bytes);
     const double floor_ms = bytes / kHbmBytesPerSecond * 1e3;
     const double ratio = floor_ms / med;
-    std::cout << fmt::format("{:>6} {:>10.3f} {:>10.0f} {:>10.3f} {:>10.3f} {:>10.3f} {:>8.3f}\n",
-                             b, med, b / med * 1e3, stats.weight_bytes / 1e9, stats.kv_bytes / 1e9,
-                             floor_ms, ratio);
+    std::cout << fmt::format(
+        "{:>6} {:>10.3f} {:>10.3f} {:>10.0f} {:>10.3f} {:>10.3f} {:>10.3f} {:>8.3f} {:>6}\n", b, med,
+        gpu_med, b / med * 1e3, stats.weight_bytes / 1e9, stats.kv_bytes / 1e9, floor_ms, ratio,
+        stats.graphed ? "yes" : "no");
+    std::cout << fmt::format("       (host enqueue {:.3f} ms, logits to pinned {:.3f} ms, into vectors "
+                             "{:.3f} ms; medians)\n",
+                             median(enqueue_ms), median(copy_ms), median(output_ms));
     report["points"].push_back({{"batch", b},
                                 {"step_ms_median", med},
                                 {"step_ms_min", ms.front()},
+                                {"gpu_ms_median", gpu_med},
+                                {"graphed", stats.graphed},
+                                {"host_enqueue_ms_median", median(enqueue_ms)},
+                                {"logits_copy_ms_median", median(copy_ms)},
+                                {"host_output_ms_median", median(output_ms)},
                                 {"tokens_per_second", b / med * 1e3},
                                 {"weight_bytes", stats.weight_bytes},
                                 {"kv_bytes", stats.kv_bytes},
@@ -160,6 +189,11 @@ void RegisterBenchDecodeCommand(CLI::App& app) {
   cmd->add_option("--steps", a->steps, "Timed steps per batch size")->default_val(20);
   cmd->add_option("--num-layers", a->num_layers, "Keep only the first N layers of the preset");
   cmd->add_option("--json", a->json, "Write the figures as JSON to this file");
+  cmd->add_option("--cuda-graphs", a->cuda_graphs, "Capture and replay decode steps (0: off)")
+      ->default_val(true);
+  cmd->add_option("--moe-device-max-tokens", a->moe_device_max_tokens,
+                  "Device-side MoE routing up to this many tokens (0: always via the host)")
+      ->default_val(256);
   cmd->callback([a] { Run(*a); });
 }
 

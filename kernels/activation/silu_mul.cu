@@ -4,6 +4,7 @@
 
 #include "kernels/common/sm80_ptx.cuh"
 #include "kernels/activation/silu_mul.h"
+#include "kernels/common/pdl.cuh"
 
 namespace strata::kernels {
 namespace {
@@ -13,6 +14,7 @@ constexpr int kThreads = 256;
 using Vec8 = Bf16x8;
 
 __global__ void __launch_bounds__(kThreads) SiluMulKernel(SiluMulParams p) {
+  PdlGridSync();
   const int64_t chunks_per_row = p.dim / 8;
   const int64_t total = chunks_per_row * p.rows;
   for (int64_t c = blockIdx.x * static_cast<int64_t>(kThreads) + threadIdx.x; c < total;
@@ -58,7 +60,8 @@ absl::Status LaunchSiluMul(const SiluMulParams& params, cudaStream_t stream) {
   const int64_t chunks = static_cast<int64_t>(params.rows) * (params.dim / 8);
   if (chunks == 0) return absl::OkStatus();
   const int64_t blocks = std::min<int64_t>((chunks + kThreads - 1) / kThreads, 132 * 16);
-  SiluMulKernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(params);
+  (void)LaunchPdl(SiluMulKernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), 0, stream,
+                  params);
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) {
     return absl::InternalError(std::string("LaunchSiluMul: ") + cudaGetErrorString(err));

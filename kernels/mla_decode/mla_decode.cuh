@@ -11,6 +11,7 @@
 
 #include <cstdint>
 
+#include "kernels/common/pdl.cuh"
 #include "kernels/common/sm80_ptx.cuh"
 #include "kernels/mla_decode/mla_decode.h"
 
@@ -57,6 +58,7 @@ __device__ __forceinline__ void LoadA(uint32_t (&a)[4], const __nv_bfloat16* p, 
 
 template <int kMTiles>
 __global__ void __launch_bounds__(kThreads, 1) MlaDecodeSplitKvKernel(MlaDecodeParams p) {
+  PdlGridSync();
   using L = Layout<kMTiles>;
   constexpr int kHeads = L::kHeads;
   constexpr int kStages = L::kStages;

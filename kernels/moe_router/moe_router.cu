@@ -4,6 +4,7 @@
 #include <string>
 
 #include "kernels/moe_router/moe_router.h"
+#include "kernels/common/pdl.cuh"
 
 namespace strata::kernels {
 namespace {
@@ -29,6 +30,7 @@ __device__ __forceinline__ void WarpArgMax(float& v, int& i) {
 }
 
 __global__ void __launch_bounds__(kThreads) MoeRouterKernel(MoeRouterParams p) {
+  PdlGridSync();
   __shared__ float s_score[kWarps][kMoeMaxExperts];
   __shared__ float s_choice[kWarps][kMoeMaxExperts];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -160,7 +162,7 @@ absl::Status LaunchMoeRouter(const MoeRouterParams& params, cudaStream_t stream)
   if (absl::Status st = ValidateMoeRouterParams(params); !st.ok()) return st;
   if (params.num_tokens == 0) return absl::OkStatus();
   const int blocks = (params.num_tokens + kWarps - 1) / kWarps;
-  MoeRouterKernel<<<blocks, kThreads, 0, stream>>>(params);
+  (void)LaunchPdl(MoeRouterKernel, dim3(blocks), dim3(kThreads), 0, stream, params);
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) {
     return absl::InternalError(std::string("LaunchMoeRouter: ") + cudaGetErrorString(err));

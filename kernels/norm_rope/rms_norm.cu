@@ -3,6 +3,7 @@
 
 #include "kernels/common/sm80_ptx.cuh"
 #include "kernels/norm_rope/rms_norm.h"
+#include "kernels/common/pdl.cuh"
 
 namespace strata::kernels {
 namespace {
@@ -22,6 +23,7 @@ __device__ __forceinline__ float BlockSum(float v, float* scratch) {
 }
 
 __global__ void __launch_bounds__(kThreads) RmsNormKernel(RmsNormParams p) {
+  PdlGridSync();
   __shared__ float scratch[kThreads / 32];
   const int64_t row = blockIdx.x;
   const int chunks = p.dim / 8;
@@ -101,7 +103,7 @@ absl::Status ValidateRmsNormParams(const RmsNormParams& p) {
 absl::Status LaunchRmsNorm(const RmsNormParams& params, cudaStream_t stream) {
   if (absl::Status st = ValidateRmsNormParams(params); !st.ok()) return st;
   if (params.rows == 0) return absl::OkStatus();
-  RmsNormKernel<<<params.rows, kThreads, 0, stream>>>(params);
+  (void)LaunchPdl(RmsNormKernel, dim3(params.rows), dim3(kThreads), 0, stream, params);
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess)
     return absl::InternalError(std::string("LaunchRmsNorm: ") + cudaGetErrorString(err));

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "kernels/norm_rope/rope.h"
+#include "kernels/common/pdl.cuh"
 
 namespace strata::kernels {
 namespace {
@@ -11,6 +12,7 @@ constexpr int kThreads = 256;
 constexpr int kPairsPerLane = kRopeMaxDim / 2 / 32;
 
 __global__ void __launch_bounds__(kThreads) RopeKernel(RopeParams p) {
+  PdlGridSync();
   const int64_t vec = static_cast<int64_t>(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32;
   if (vec >= static_cast<int64_t>(p.num_tokens) * p.num_heads) return;
   const int lane = threadIdx.x % 32;
@@ -84,7 +86,8 @@ absl::Status LaunchRope(const RopeParams& params, cudaStream_t stream) {
   if (vectors == 0) return absl::OkStatus();
   const int64_t blocks = (vectors + kThreads / 32 - 1) / (kThreads / 32);
   if (blocks > 0x7fffffff) return Invalid("too many vectors");
-  RopeKernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(params);
+  (void)LaunchPdl(RopeKernel, dim3(static_cast<unsigned>(blocks)), dim3(kThreads), 0, stream,
+                  params);
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) {
     return absl::InternalError(std::string("LaunchRope: ") + cudaGetErrorString(err));

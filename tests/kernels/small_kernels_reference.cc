@@ -57,4 +57,30 @@ void PoolLayerToPayloadBf16(const uint16_t* pool_rows, int block_tokens, int lat
   }
 }
 
+void MoeExpertReference(const std::vector<float>& weights, int64_t expert_stride, int e,
+                        int hidden, int inter, const float* x, std::vector<float>& act,
+                        std::vector<float>& out) {
+  const float* gate = weights.data() + e * expert_stride;
+  const float* up = gate + static_cast<int64_t>(inter) * hidden;
+  const float* down = up + static_cast<int64_t>(inter) * hidden;
+  act.assign(inter, 0.f);
+  out.assign(hidden, 0.f);
+  for (int i = 0; i < inter; ++i) {
+    double g = 0, u = 0;
+    for (int k = 0; k < hidden; ++k) {
+      g += static_cast<double>(gate[static_cast<int64_t>(i) * hidden + k]) * x[k];
+      u += static_cast<double>(up[static_cast<int64_t>(i) * hidden + k]) * x[k];
+    }
+    const float gb = Round(static_cast<float>(g)), ub = Round(static_cast<float>(u));
+    act[i] = Round(gb / (1.f + std::exp(-gb)) * ub);
+  }
+  for (int j = 0; j < hidden; ++j) {
+    double acc = 0;
+    for (int i = 0; i < inter; ++i) {
+      acc += static_cast<double>(down[static_cast<int64_t>(j) * inter + i]) * act[i];
+    }
+    out[j] = Round(static_cast<float>(acc));
+  }
+}
+
 }  // namespace strata::kernels

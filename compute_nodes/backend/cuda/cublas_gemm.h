@@ -7,7 +7,7 @@
 //
 // cuBLAS is column-major: a row-major C = A·op(B) is computed as the column-major Cᵀ = op(B)ᵀ·Aᵀ,
 // which reads the same memory with A and B swapped. A Cublas handle is bound to one stream and is
-// not thread-safe (one per engine).
+// not thread-safe (one per engine). It owns a 32 MiB workspace (graph capture needs one).
 #pragma once
 
 #include <cublas_v2.h>
@@ -47,16 +47,30 @@ class Cublas {
     if (cublasStatus_t st = cublasSetStream(c.handle_, stream); st != CUBLAS_STATUS_SUCCESS) {
       return Error("cublasSetStream", st);
     }
+    // A workspace of our own: cuBLAS then allocates nothing while a graph is being captured.
+    if (cudaError_t err = cudaMalloc(&c.workspace_, kWorkspaceBytes); err != cudaSuccess) {
+      return absl::ResourceExhaustedError(std::string("cuBLAS workspace: ") +
+                                          cudaGetErrorString(err));
+    }
+    if (cublasStatus_t st = cublasSetWorkspace(c.handle_, c.workspace_, kWorkspaceBytes);
+        st != CUBLAS_STATUS_SUCCESS) {
+      return Error("cublasSetWorkspace", st);
+    }
     return c;
   }
   Cublas() = default;
-  Cublas(Cublas&& o) noexcept : handle_(o.handle_) { o.handle_ = nullptr; }
+  Cublas(Cublas&& o) noexcept : handle_(o.handle_), workspace_(o.workspace_) {
+    o.handle_ = nullptr;
+    o.workspace_ = nullptr;
+  }
   Cublas& operator=(Cublas&& o) noexcept {
     std::swap(handle_, o.handle_);
+    std::swap(workspace_, o.workspace_);
     return *this;
   }
   ~Cublas() {
     if (handle_ != nullptr) cublasDestroy(handle_);
+    if (workspace_ != nullptr) (void)cudaFree(workspace_);
   }
 
   absl::Status Gemm(const GemmArgs& g) const {
@@ -86,7 +100,9 @@ class Cublas {
   static absl::Status Error(const char* what, cublasStatus_t st) {
     return absl::InternalError(std::string(what) + ": " + cublasGetStatusString(st));
   }
+  static constexpr size_t kWorkspaceBytes = size_t{32} << 20;
   cublasHandle_t handle_ = nullptr;
+  void* workspace_ = nullptr;
 };
 
 }  // namespace strata::cuda

@@ -1,8 +1,10 @@
 #include "compute_nodes/backend/cuda/cuda_engine.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <thread>
 
 #include "common/cuda/cuda_status.h"
 #include "common/file_util.h"
@@ -10,9 +12,12 @@
 #include "common/strings.h"
 #include "compute_nodes/backend/cpu/cpu_ops.h"
 #include "compute_nodes/backend/cuda/cuda_ops.h"
+#include "compute_nodes/backend/cuda/decode_graph.h"
+#include "compute_nodes/backend/cuda/moe_block.h"
+#include "compute_nodes/backend/cuda/step_util.h"
 #include "compute_nodes/model/safetensors.h"
 #include "compute_nodes/model/weights.h"
-#include "kernels/activation/silu_mul.h"
+#include "kernels/common/pdl.h"
 #include "kernels/mla_decode/mla_decode.h"
 #include "kernels/moe_router/moe_router.h"
 #include "kernels/norm_rope/rms_norm.h"
@@ -33,74 +38,6 @@ constexpr int64_t kPadQk = kernels::kPrefillQkDim;  // 192 = 128 (nope, zero-pad
 constexpr int64_t kPadNope = kPadQk - kRope;
 constexpr int64_t kPadV = kernels::kPrefillVDim;  // 128
 
-// A device buffer that grows on demand (cudaFree synchronizes, so no work in flight uses it).
-class Buf {
- public:
-  ~Buf() {
-    if (p_ != nullptr) (void)cudaFree(p_);
-  }
-  absl::Status Ensure(size_t bytes) {
-    if (bytes <= bytes_) return absl::OkStatus();
-    if (p_ != nullptr) (void)cudaFree(p_);
-    p_ = nullptr;
-    bytes_ = 0;
-    bytes = std::max<size_t>(bytes + bytes / 4, 256);
-    CUDA_RETURN_IF_ERROR(cudaMalloc(&p_, bytes));
-    bytes_ = bytes;
-    return absl::OkStatus();
-  }
-  template <typename T>
-  T* as() const {
-    return static_cast<T*>(p_);
-  }
-
- private:
-  void* p_ = nullptr;
-  size_t bytes_ = 0;
-};
-
-// Pinned host staging for small per-call arrays, copied to a device buffer in one transfer.
-class Meta {
- public:
-  ~Meta() {
-    if (host_ != nullptr) (void)cudaFreeHost(host_);
-  }
-  template <typename T>
-  size_t Add(const std::vector<T>& v) {
-    const size_t off = (data_.size() + 15) / 16 * 16;
-    data_.resize(off + v.size() * sizeof(T));
-    if (!v.empty()) std::memcpy(data_.data() + off, v.data(), v.size() * sizeof(T));
-    return off;
-  }
-  absl::Status Upload(cudaStream_t stream) {
-    if (data_.size() > host_bytes_) {
-      if (host_ != nullptr) (void)cudaFreeHost(host_);
-      host_ = nullptr;
-      host_bytes_ = 0;
-      const size_t bytes = std::max<size_t>(data_.size() * 2, 4096);
-      CUDA_RETURN_IF_ERROR(cudaHostAlloc(reinterpret_cast<void**>(&host_), bytes, 0));
-      host_bytes_ = bytes;
-    }
-    RETURN_IF_ERROR(dev_.Ensure(data_.size() + 16));
-    if (data_.empty()) return absl::OkStatus();
-    std::memcpy(host_, data_.data(), data_.size());
-    CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(dev_.as<uint8_t>(), host_, data_.size(), cudaMemcpyHostToDevice, stream));
-    return absl::OkStatus();
-  }
-  template <typename T>
-  T* At(size_t off) const {
-    return reinterpret_cast<T*>(dev_.as<uint8_t>() + off);
-  }
-  void Clear() { data_.clear(); }
-
- private:
-  std::vector<uint8_t> data_;
-  uint8_t* host_ = nullptr;
-  size_t host_bytes_ = 0;
-  Buf dev_;
-};
-
 kernels::RopeLanes Lanes(model::RopeLayout l) {
   switch (l) {
     case model::RopeLayout::kInterleaved:
@@ -113,28 +50,120 @@ kernels::RopeLanes Lanes(model::RopeLayout l) {
   }
 }
 
+// Block-table width of a step: a power of two, so that a decode graph stays valid while the
+// sequences grow (the kernels read the real lengths; the padding entries are never used).
+int64_t TablePages(int64_t pages) {
+  int64_t p = 1;
+  while (p < pages) p *= 2;
+  return p;
+}
+
+// A prefill (MHA) sequence of the step: its rows, context, and offsets of its context rows and
+// cu_seqlens in the step's metadata.
+struct MhaSeq {
+  int64_t first_row, q_len, ctx;
+  size_t lat_off, cu_off;
+};
+
+// The host's view of one step: what the enqueued work needs besides the device buffers.
+struct StepPlan {
+  int64_t n = 0;  // new tokens (activation rows)
+  int64_t m = 0;  // of them, absorbed-form (MLA decode) rows
+  bool all_decode = false;
+  std::vector<MhaSeq> mha;
+  int64_t max_ctx = 0, max_q = 0;
+  int64_t table_pages = 0;  // block-table width of the decode rows
+  int num_splits = 1;       // MLA decode splits
+  int64_t total_out = 0;    // logits rows
+  std::vector<int64_t> out_rows, out_first;
+  int64_t kv_rows_read = 0;  // latent rows attention reads per layer
+  // Offsets into the step's metadata buffer.
+  size_t o_ids = 0, o_pos = 0, o_kv = 0, o_dec = 0, o_dlen = 0, o_dtab = 0, o_lat = 0, o_cu = 0,
+         o_out = 0;
+};
+
+// Copies each sequence's rows of the pinned logits into its (sized) output vector. A single
+// thread copies ~6 GB/s here, so a large step (26 MB at batch 64) spreads the sequences over a
+// few threads.
+void CopyOutLogits(const float* pinned, const std::vector<int64_t>& first_row, int64_t vocab,
+                   std::vector<runtime::SequenceOutput>* outputs) {
+  const int64_t seqs = static_cast<int64_t>(outputs->size());
+  auto copy = [&](int64_t lo, int64_t hi) {
+    for (int64_t si = lo; si < hi; ++si) {
+      auto& out = (*outputs)[si];
+      std::memcpy(out.logits.data(), pinned + first_row[si] * vocab, out.logits.size() * 4);
+    }
+  };
+  const int64_t bytes = (first_row.empty() ? 0 : first_row.back()) * vocab * 4;
+  const int64_t threads = std::min<int64_t>(
+      {seqs, bytes / (int64_t{2} << 20), std::max(1u, std::thread::hardware_concurrency()), 8});
+  if (threads <= 1) {
+    copy(0, seqs);
+    return;
+  }
+  std::vector<std::thread> pool;
+  for (int64_t t = 1; t < threads; ++t) {
+    pool.emplace_back(copy, seqs * t / threads, seqs * (t + 1) / threads);
+  }
+  copy(0, seqs / threads);
+  for (std::thread& th : pool) th.join();
+}
+
 }  // namespace
 
 struct CudaEngine::Impl {
-  float* inv_freq = nullptr;  // [rope / 2]
-  int num_sms = 132;
-  Meta meta, moe_meta;
-  int32_t* host_experts = nullptr;  // pinned [host_experts_len]
-  size_t host_experts_len = 0;
-  // Activations.
-  Buf x, xn, delta, q, qa, kva, attn, gu;
-  // MoE.
-  Buf router_logits, experts, weights, xe, gue, ye, shared_gu, shared_out;
-  // Decode (absorbed).
-  Buf qd, qfull, olat, dlse, dws, od;
-  // Prefill (MHA).
-  Buf lat, kvd, kp, vp, qp, op, plse;
-  // Output.
-  Buf fin, logits;
+  Impl(const DeviceWeights& w, DeviceKvPool& p, const Cublas& b, cudaStream_t st,
+       std::unique_ptr<SideStream> side_stream, const CudaEngineOptions& o)
+      : W(w),
+        pool(p),
+        blas(b),
+        s(st),
+        side(std::move(side_stream)),
+        options(o),
+        moe(w.config(), &b, st, side.get(), o.moe_device_max_tokens, &grows) {}
   ~Impl() {
     if (inv_freq != nullptr) (void)cudaFree(inv_freq);
-    if (host_experts != nullptr) (void)cudaFreeHost(host_experts);
+    if (wuk_t != nullptr) (void)cudaFree(wuk_t);
+    if (ev_start != nullptr) (void)cudaEventDestroy(ev_start);
+    if (ev_end != nullptr) (void)cudaEventDestroy(ev_end);
+    if (ev_copied != nullptr) (void)cudaEventDestroy(ev_copied);
   }
+  absl::Status Plan(std::span<const SequenceInput> batch, StepPlan* plan);
+  absl::Status Reserve(const StepPlan& plan);
+  absl::Status Enqueue(const StepPlan& plan);
+  absl::Status Norm(int64_t rows, int64_t dim, const bf16* in, int64_t ld_in, bf16* residual,
+                    const bf16* weight, bf16* out, int64_t ld_out, cudaStream_t stream);
+  absl::Status Rope(bf16* x, int64_t rows, int64_t heads, int64_t token_stride,
+                    int64_t head_stride, const StepPlan& P, cudaStream_t stream);
+  absl::Status MhaAttention(const DeviceLayer& L, const StepPlan& P, int64_t layer);
+  absl::Status AbsorbedAttention(const DeviceLayer& L, const StepPlan& P, int64_t layer);
+
+  const DeviceWeights& W;
+  DeviceKvPool& pool;
+  const Cublas& blas;
+  cudaStream_t s;
+  std::unique_ptr<SideStream> side;  // parallel branches: the KV path, the shared experts
+  const CudaEngineOptions options;
+  int64_t grows = 0;          // buffer reallocations (declared before the buffers that count)
+  float* inv_freq = nullptr;  // [rope / 2]
+  // W_UK of every layer transposed, [layers][heads][512][nope]: the absorbed q · W_UK as a skinny
+  // GEMM over contiguous rows (null when nope is not a multiple of 8).
+  bf16* wuk_t = nullptr;
+  int num_sms = 132;
+  cudaEvent_t ev_start = nullptr, ev_end = nullptr, ev_copied = nullptr;
+  PinnedBuf host_logits;  // [logits rows][vocab] fp32
+  Meta meta{&grows};
+  // Activations.
+  Buf x{&grows}, xn{&grows}, delta{&grows}, q{&grows}, qa{&grows}, kva{&grows}, attn{&grows},
+      gu{&grows};
+  // Decode (absorbed).
+  Buf qd{&grows}, qfull{&grows}, olat{&grows}, dlse{&grows}, dws{&grows}, od{&grows};
+  // Prefill (MHA).
+  Buf lat{&grows}, kvd{&grows}, kp{&grows}, vp{&grows}, qp{&grows}, op{&grows}, plse{&grows};
+  // Output.
+  Buf fin{&grows}, logits{&grows};
+  MoeBlock moe;
+  DecodeGraphs graphs;
 };
 
 absl::Status CudaAvailable() {
@@ -197,7 +226,6 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(
   }
   CUDA_RETURN_IF_ERROR(cudaSetDevice(options.device));
   std::unique_ptr<CudaEngine> e(new CudaEngine());
-  e->impl_ = std::make_unique<Impl>();
   e->weights_ = std::move(weights);
   CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&e->stream_, cudaStreamNonBlocking));
   ASSIGN_OR_RETURN(e->blas_, Cublas::Create(e->stream_));
@@ -205,32 +233,108 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(
                    DeviceKvPool::Create(runtime::KvLayout{c.num_hidden_layers, options.block_tokens,
                                                           c.kv_lora_rank, c.qk_rope_head_dim},
                                         options.num_pages));
+  ASSIGN_OR_RETURN(std::unique_ptr<SideStream> side, SideStream::Create(e->stream_));
+  e->impl_ = std::make_unique<Impl>(*e->weights_, *e->pool_, e->blas_, e->stream_,
+                                    std::move(side), options);
+  Impl& I = *e->impl_;
   const cpu::Rope rope(c);  // owns inv_freq (a reference into a temporary would dangle)
   const std::vector<float>& inv = rope.inv_freq();
-  CUDA_RETURN_IF_ERROR(cudaMalloc(reinterpret_cast<void**>(&e->impl_->inv_freq), inv.size() * 4));
+  CUDA_RETURN_IF_ERROR(cudaMalloc(reinterpret_cast<void**>(&I.inv_freq), inv.size() * 4));
+  CUDA_RETURN_IF_ERROR(cudaMemcpy(I.inv_freq, inv.data(), inv.size() * 4, cudaMemcpyHostToDevice));
   CUDA_RETURN_IF_ERROR(
-      cudaMemcpy(e->impl_->inv_freq, inv.data(), inv.size() * 4, cudaMemcpyHostToDevice));
-  CUDA_RETURN_IF_ERROR(
-      cudaDeviceGetAttribute(&e->impl_->num_sms, cudaDevAttrMultiProcessorCount, options.device));
+      cudaDeviceGetAttribute(&I.num_sms, cudaDevAttrMultiProcessorCount, options.device));
+  if (c.qk_nope_head_dim % 8 == 0) {
+    const int64_t heads = c.num_attention_heads, nope = c.qk_nope_head_dim;
+    const int64_t per_layer = heads * kLatent * nope;
+    CUDA_RETURN_IF_ERROR(
+        cudaMalloc(reinterpret_cast<void**>(&I.wuk_t), c.num_hidden_layers * per_layer * 2));
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+      RETURN_IF_ERROR(TransposeBatched(e->weights_->layers()[l].kv_b_proj.w,
+                                       (nope + c.v_head_dim) * kLatent, heads, nope, kLatent,
+                                       I.wuk_t + l * per_layer, e->stream_));
+    }
+    CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(e->stream_));
+  }
+  CUDA_RETURN_IF_ERROR(cudaEventCreate(&I.ev_start));
+  CUDA_RETURN_IF_ERROR(cudaEventCreate(&I.ev_end));
+  CUDA_RETURN_IF_ERROR(cudaEventCreate(&I.ev_copied));
   return e;
 }
 
+int64_t CudaEngine::graph_captures() const { return impl_->graphs.captures(); }
+int64_t CudaEngine::graph_replays() const { return impl_->graphs.replays(); }
+
 absl::Status CudaEngine::Forward(std::span<const SequenceInput> batch,
                                  std::vector<runtime::SequenceOutput>* outputs) {
-  const ModelConfig& c = config();
-  const DeviceWeights& W = *weights_;
+  const auto t_begin = std::chrono::steady_clock::now();
   Impl& I = *impl_;
+  const ModelConfig& c = config();
   cudaStream_t s = stream_;
-  const int64_t h = c.hidden_size;
-  const int64_t heads = c.num_attention_heads;
-  const int64_t nope = c.qk_nope_head_dim, vd = c.v_head_dim;
-  const int64_t qk = c.qk_head_dim();
-  const int64_t kvb_row = nope + vd;  // kv_b_proj rows per head: W_UK [nope] then W_UV [vd]
-  const int64_t b = pool_->layout().block_tokens;
-  const float eps = static_cast<float>(c.rms_norm_eps);
-  const float scale = static_cast<float>(c.SoftmaxScale());
-  const int64_t hq_pad = (heads + 15) / 16 * 16;
+  StepPlan P;
+  RETURN_IF_ERROR(I.Plan(batch, &P));
+  if (P.n == 0) {
+    outputs->clear();
+    return absl::OkStatus();
+  }
+  RETURN_IF_ERROR(I.Reserve(P));
+  RETURN_IF_ERROR(I.meta.Upload(s));  // the graph reads the metadata from this fixed buffer
+  CUDA_RETURN_IF_ERROR(cudaEventRecord(I.ev_start, s));
+  bool graphed = I.options.cuda_graphs && P.all_decode && I.moe.DevicePath(P.n);
+  if (graphed) {
+    const DecodeGraphKey key{P.n, P.table_pages, P.num_splits, P.total_out, I.grows};
+    RETURN_IF_ERROR(I.graphs.Run(key, s, [&] { return I.Enqueue(P); }));
+  } else {
+    RETURN_IF_ERROR(I.Enqueue(P));
+  }
+  CUDA_RETURN_IF_ERROR(cudaEventRecord(I.ev_end, s));
+  RETURN_IF_ERROR(I.moe.EnqueueReadback(P.n));
+  // The logits come back in one copy into pinned memory, then into the caller's vectors: those
+  // are reused when the caller passes the previous step's outputs (no allocation, no page faults).
+  const size_t logits_bytes = P.total_out * c.vocab_size * 4;
+  RETURN_IF_ERROR(I.host_logits.Ensure(logits_bytes));
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(I.host_logits.as<float>(), I.logits.as<float>(),
+                                       logits_bytes, cudaMemcpyDeviceToHost, s));
+  CUDA_RETURN_IF_ERROR(cudaEventRecord(I.ev_copied, s));
+  const auto t_enqueued = std::chrono::steady_clock::now();
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
+  const auto t_synced = std::chrono::steady_clock::now();
+  outputs->resize(batch.size());
+  for (size_t si = 0; si < batch.size(); ++si) {
+    (*outputs)[si].rows = P.out_rows[si];
+    (*outputs)[si].logits.resize(P.out_rows[si] * c.vocab_size);
+  }
+  CopyOutLogits(I.host_logits.as<float>(), P.out_first, c.vocab_size, outputs);
+  const auto t_done = std::chrono::steady_clock::now();
+  ASSIGN_OR_RETURN(const int64_t expert_bytes, I.moe.FinishStep());
+  // What the step read: every dense tensor of every layer, the routed experts that had tokens,
+  // the lm_head, the embedding rows, and the latent KV rows of every layer.
+  StepStats stats;
+  stats.tokens = P.n;
+  stats.graphed = graphed;
+  stats.weight_bytes = expert_bytes + weights_->lm_head().bytes() + P.n * c.hidden_size * 2;
+  for (const DeviceLayer& L : weights_->layers()) {
+    stats.weight_bytes += L.attention_bytes();
+    stats.weight_bytes += L.moe ? L.router.bytes() + L.shared_gate_up.bytes() +
+                                      L.shared_down.bytes()
+                                : L.gate_up.bytes() + L.down.bytes();
+  }
+  stats.kv_bytes = c.num_hidden_layers * P.kv_rows_read * kRow * 2;
+  float ms = 0.f, copy_ms = 0.f;
+  CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, I.ev_start, I.ev_end));
+  CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&copy_ms, I.ev_end, I.ev_copied));
+  stats.device_ms = ms;
+  stats.logits_copy_ms = copy_ms;
+  using Ms = std::chrono::duration<double, std::milli>;
+  stats.host_enqueue_ms = Ms(t_enqueued - t_begin).count();
+  stats.host_output_ms = Ms(t_done - t_synced).count();
+  stats_ = stats;
+  return absl::OkStatus();
+}
 
+absl::Status CudaEngine::Impl::Plan(std::span<const SequenceInput> batch, StepPlan* plan) {
+  const ModelConfig& c = W.config();
+  StepPlan& P = *plan;
+  const int64_t b = pool.layout().block_tokens;
   // ---- Validate and flatten the batch (row r of every activation is one new token).
   std::vector<int32_t> ids, positions;
   std::vector<int64_t> kv_rows, first_row(batch.size());
@@ -247,7 +351,7 @@ absl::Status CudaEngine::Forward(std::span<const SequenceInput> batch,
                                                in.pages->pages.size() * b, " tokens, need ", end));
     }
     for (int32_t p : in.pages->pages) {
-      if (p < 0 || p >= pool_->num_pages()) {
+      if (p < 0 || p >= pool.num_pages()) {
         return absl::InvalidArgumentError(StrCat("sequence ", si, ": bad page ", p));
       }
     }
@@ -265,19 +369,17 @@ absl::Status CudaEngine::Forward(std::span<const SequenceInput> batch,
       kv_rows.push_back(static_cast<int64_t>(in.pages->pages[pos / b]) * b + pos % b);
     }
   }
-  const int64_t n = static_cast<int64_t>(ids.size());
-  if (n == 0) {
-    outputs->clear();
-    return absl::OkStatus();
-  }
+  P.n = static_cast<int64_t>(ids.size());
+  if (P.n == 0) return absl::OkStatus();
 
   // Decode queries (absorbed rows): one MLA decode "sequence" per row, seeing positions <= its own.
   std::vector<int64_t> dec_rows;
   std::vector<int32_t> dec_seqlens, dec_table;
-  int64_t max_pages = 0, dec_max_len = 0;
+  int64_t max_pages = 0;
   for (size_t si = 0; si < batch.size(); ++si) {
     if (absorbed[si]) max_pages = std::max<int64_t>(max_pages, batch[si].pages->pages.size());
   }
+  P.table_pages = TablePages(max_pages);
   for (size_t si = 0; si < batch.size(); ++si) {
     if (!absorbed[si]) continue;
     const SequenceInput& in = batch[si];
@@ -285,22 +387,24 @@ absl::Status CudaEngine::Forward(std::span<const SequenceInput> batch,
       dec_rows.push_back(first_row[si] + static_cast<int64_t>(i));
       const int64_t len = in.start_pos + static_cast<int64_t>(i) + 1;
       dec_seqlens.push_back(static_cast<int32_t>(len));
-      dec_max_len = std::max(dec_max_len, len);
-      for (int64_t p = 0; p < max_pages; ++p) {
+      P.kv_rows_read += len;
+      for (int64_t p = 0; p < P.table_pages; ++p) {
         dec_table.push_back(p < static_cast<int64_t>(in.pages->pages.size()) ? in.pages->pages[p]
                                                                              : 0);
       }
     }
   }
-  const int64_t m = static_cast<int64_t>(dec_rows.size());
-  const bool all_decode = m == n;
+  P.m = static_cast<int64_t>(dec_rows.size());
+  P.all_decode = P.m == P.n;
+  // Splits from the table's capacity, not the current lengths: a graph's split count holds while
+  // its sequences grow (the kernel splits each sequence by its real length).
+  const int64_t hq_pad = (c.num_attention_heads + 15) / 16 * 16;
+  if (P.m > 0) {
+    P.num_splits =
+        kernels::MlaDecodeNumSplits(static_cast<int>(P.m), static_cast<int>(hq_pad),
+                                    static_cast<int>(P.table_pages * b), num_sms);
+  }
   // Prefill (MHA) sequences: their context rows in the pool and cu_seqlens.
-  struct MhaSeq {
-    int64_t first_row, q_len, ctx;
-    size_t lat_off, cu_off;
-  };
-  std::vector<MhaSeq> mha;
-  int64_t max_ctx = 0, max_q = 0;
   std::vector<int64_t> lat_rows;
   std::vector<int32_t> cu;
   for (size_t si = 0; si < batch.size(); ++si) {
@@ -308,429 +412,357 @@ absl::Status CudaEngine::Forward(std::span<const SequenceInput> batch,
     const SequenceInput& in = batch[si];
     const int64_t q_len = static_cast<int64_t>(in.tokens.size());
     const int64_t ctx = in.start_pos + q_len;
-    mha.push_back({first_row[si], q_len, ctx, lat_rows.size(), cu.size()});
+    P.mha.push_back({first_row[si], q_len, ctx, lat_rows.size(), cu.size()});
     for (int64_t t = 0; t < ctx; ++t) {
       lat_rows.push_back(static_cast<int64_t>(in.pages->pages[t / b]) * b + t % b);
     }
     cu.insert(cu.end(), {0, static_cast<int32_t>(q_len), 0, static_cast<int32_t>(ctx)});
-    max_ctx = std::max(max_ctx, ctx);
-    max_q = std::max(max_q, q_len);
+    P.max_ctx = std::max(P.max_ctx, ctx);
+    P.max_q = std::max(P.max_q, q_len);
+    P.kv_rows_read += ctx;
   }
   // Output rows (the last, or every, new token of each sequence).
-  std::vector<int64_t> out_rows(batch.size()), out_first(batch.size()), out_idx;
+  std::vector<int64_t> out_idx;
+  P.out_rows.resize(batch.size());
+  P.out_first.resize(batch.size());
   for (size_t si = 0; si < batch.size(); ++si) {
-    out_rows[si] = batch[si].all_logits ? static_cast<int64_t>(batch[si].tokens.size()) : 1;
-    out_first[si] = static_cast<int64_t>(out_idx.size());
+    P.out_rows[si] = batch[si].all_logits ? static_cast<int64_t>(batch[si].tokens.size()) : 1;
+    P.out_first[si] = static_cast<int64_t>(out_idx.size());
     const int64_t last = first_row[si] + static_cast<int64_t>(batch[si].tokens.size());
-    for (int64_t r = last - out_rows[si]; r < last; ++r) out_idx.push_back(r);
+    for (int64_t r = last - P.out_rows[si]; r < last; ++r) out_idx.push_back(r);
   }
-  const int64_t total_out = static_cast<int64_t>(out_idx.size());
+  P.total_out = static_cast<int64_t>(out_idx.size());
 
-  I.meta.Clear();
-  const size_t o_ids = I.meta.Add(ids), o_pos = I.meta.Add(positions), o_kv = I.meta.Add(kv_rows),
-               o_dec = I.meta.Add(dec_rows), o_dlen = I.meta.Add(dec_seqlens),
-               o_dtab = I.meta.Add(dec_table), o_lat = I.meta.Add(lat_rows), o_cu = I.meta.Add(cu),
-               o_out = I.meta.Add(out_idx);
-  RETURN_IF_ERROR(I.meta.Upload(s));
+  meta.Clear();
+  P.o_ids = meta.Add(ids);
+  P.o_pos = meta.Add(positions);
+  P.o_kv = meta.Add(kv_rows);
+  P.o_dec = meta.Add(dec_rows);
+  P.o_dlen = meta.Add(dec_seqlens);
+  P.o_dtab = meta.Add(dec_table);
+  P.o_lat = meta.Add(lat_rows);
+  P.o_cu = meta.Add(cu);
+  P.o_out = meta.Add(out_idx);
+  return absl::OkStatus();
+}
 
-  // ---- Buffers.
-  const int64_t k_top = c.num_experts_per_tok;
-  const int64_t big_inter = std::max(
-      {c.intermediate_size, c.moe_intermediate_size * std::max<int64_t>(1, c.n_shared_experts)});
-  RETURN_IF_ERROR(I.x.Ensure(n * h * 2));
-  RETURN_IF_ERROR(I.xn.Ensure(n * h * 2));
-  RETURN_IF_ERROR(I.delta.Ensure(n * h * 2));
-  RETURN_IF_ERROR(I.q.Ensure(n * heads * qk * 2));
-  RETURN_IF_ERROR(I.qa.Ensure(n * std::max<int64_t>(c.q_lora_rank, 8) * 2));
-  RETURN_IF_ERROR(I.kva.Ensure(n * kRow * 2));
-  RETURN_IF_ERROR(I.attn.Ensure(n * heads * vd * 2));
-  RETURN_IF_ERROR(I.gu.Ensure(n * 2 * big_inter * 2));
-  if (c.n_routed_experts > 0) {
-    RETURN_IF_ERROR(I.router_logits.Ensure(n * c.n_routed_experts * 4));
-    RETURN_IF_ERROR(I.experts.Ensure(n * k_top * 4));
-    RETURN_IF_ERROR(I.weights.Ensure(n * k_top * 4));
-    RETURN_IF_ERROR(I.xe.Ensure(n * k_top * h * 2));
-    RETURN_IF_ERROR(I.gue.Ensure(n * k_top * 2 * c.moe_intermediate_size * 2));
-    RETURN_IF_ERROR(I.ye.Ensure(n * k_top * h * 2));
-    RETURN_IF_ERROR(I.shared_out.Ensure(n * h * 2));
-    if (static_cast<size_t>(n * k_top) > I.host_experts_len) {
-      if (I.host_experts != nullptr) (void)cudaFreeHost(I.host_experts);
-      I.host_experts = nullptr;
-      I.host_experts_len = 0;
-      CUDA_RETURN_IF_ERROR(
-          cudaHostAlloc(reinterpret_cast<void**>(&I.host_experts), n * k_top * 2 * 4, 0));
-      I.host_experts_len = n * k_top * 2;
-    }
-  }
-  int num_splits = 1;
+absl::Status CudaEngine::Impl::Reserve(const StepPlan& P) {
+  const ModelConfig& c = W.config();
+  const int64_t n = P.n, m = P.m, h = c.hidden_size, heads = c.num_attention_heads;
+  const int64_t qk = c.qk_head_dim(), vd = c.v_head_dim;
+  const int64_t kvb_row = c.qk_nope_head_dim + vd;
+  const int64_t hq_pad = (heads + 15) / 16 * 16;
+  RETURN_IF_ERROR(x.Ensure(n * h * 2));
+  RETURN_IF_ERROR(xn.Ensure(n * h * 2));
+  RETURN_IF_ERROR(delta.Ensure(n * h * 2));
+  RETURN_IF_ERROR(q.Ensure(n * heads * qk * 2));
+  RETURN_IF_ERROR(qa.Ensure(n * std::max<int64_t>(c.q_lora_rank, 8) * 2));
+  RETURN_IF_ERROR(kva.Ensure(n * kRow * 2));
+  RETURN_IF_ERROR(attn.Ensure(n * heads * vd * 2));
+  RETURN_IF_ERROR(gu.Ensure(n * 2 * std::max<int64_t>(c.intermediate_size, 8) * 2));
+  RETURN_IF_ERROR(moe.Reserve(n));
   if (m > 0) {
-    if (!all_decode) RETURN_IF_ERROR(I.qd.Ensure(m * heads * qk * 2));
-    RETURN_IF_ERROR(I.qfull.Ensure(m * hq_pad * kRow * 2));
-    RETURN_IF_ERROR(I.olat.Ensure(m * hq_pad * kLatent * 2));
-    RETURN_IF_ERROR(I.dlse.Ensure(m * hq_pad * 4));
-    num_splits = kernels::MlaDecodeNumSplits(static_cast<int>(m), static_cast<int>(hq_pad),
-                                             static_cast<int>(dec_max_len), I.num_sms);
-    RETURN_IF_ERROR(I.dws.Ensure(kernels::MlaDecodeWorkspaceBytes(
-                                     static_cast<int>(m), static_cast<int>(hq_pad), num_splits) +
-                                 256));
-    if (!all_decode) RETURN_IF_ERROR(I.od.Ensure(m * heads * vd * 2));
-    if (hq_pad != heads) {
-      // Padded query heads stay zero (finite scores; their outputs are never read).
-      CUDA_RETURN_IF_ERROR(cudaMemsetAsync(I.qfull.as<bf16>(), 0, m * hq_pad * kRow * 2, s));
-    }
+    if (!P.all_decode) RETURN_IF_ERROR(qd.Ensure(m * heads * qk * 2));
+    RETURN_IF_ERROR(qfull.Ensure(m * hq_pad * kRow * 2));
+    RETURN_IF_ERROR(olat.Ensure(m * hq_pad * kLatent * 2));
+    RETURN_IF_ERROR(dlse.Ensure(m * hq_pad * 4));
+    RETURN_IF_ERROR(dws.Ensure(kernels::MlaDecodeWorkspaceBytes(
+                                   static_cast<int>(m), static_cast<int>(hq_pad), P.num_splits) +
+                               256));
+    if (!P.all_decode) RETURN_IF_ERROR(od.Ensure(m * heads * vd * 2));
   }
-  if (!mha.empty()) {
-    RETURN_IF_ERROR(I.lat.Ensure(max_ctx * kRow * 2));
-    RETURN_IF_ERROR(I.kvd.Ensure(max_ctx * heads * kvb_row * 2));
-    RETURN_IF_ERROR(I.kp.Ensure(max_ctx * heads * kPadQk * 2));
-    RETURN_IF_ERROR(I.vp.Ensure(max_ctx * heads * kPadV * 2));
-    RETURN_IF_ERROR(I.qp.Ensure(max_q * heads * kPadQk * 2));
-    RETURN_IF_ERROR(I.op.Ensure(max_q * heads * kPadV * 2));
-    RETURN_IF_ERROR(I.plse.Ensure(max_q * heads * 4));
+  if (!P.mha.empty()) {
+    RETURN_IF_ERROR(lat.Ensure(P.max_ctx * kRow * 2));
+    RETURN_IF_ERROR(kvd.Ensure(P.max_ctx * heads * kvb_row * 2));
+    RETURN_IF_ERROR(kp.Ensure(P.max_ctx * heads * kPadQk * 2));
+    RETURN_IF_ERROR(vp.Ensure(P.max_ctx * heads * kPadV * 2));
+    RETURN_IF_ERROR(qp.Ensure(P.max_q * heads * kPadQk * 2));
+    RETURN_IF_ERROR(op.Ensure(P.max_q * heads * kPadV * 2));
+    RETURN_IF_ERROR(plse.Ensure(P.max_q * heads * 4));
   }
-  RETURN_IF_ERROR(I.fin.Ensure(total_out * h * 2));
-  RETURN_IF_ERROR(I.logits.Ensure(total_out * c.vocab_size * 4));
+  RETURN_IF_ERROR(fin.Ensure(P.total_out * h * 2));
+  RETURN_IF_ERROR(logits.Ensure(P.total_out * c.vocab_size * 4));
+  return absl::OkStatus();
+}
 
-  bf16* x = I.x.as<bf16>();
-  bf16* xn = I.xn.as<bf16>();
-  bf16* delta = I.delta.as<bf16>();
-  bf16* q = I.q.as<bf16>();
-  bf16* kva = I.kva.as<bf16>();
-  bf16* attn = I.attn.as<bf16>();
-  const int32_t* d_positions = I.meta.At<int32_t>(o_pos);
+absl::Status CudaEngine::Impl::Norm(int64_t rows, int64_t dim, const bf16* in, int64_t ld_in,
+                                    bf16* residual, const bf16* weight, bf16* out,
+                                    int64_t ld_out, cudaStream_t stream) {
+  kernels::RmsNormParams p;
+  p.rows = static_cast<int>(rows);
+  p.dim = static_cast<int>(dim);
+  p.eps = static_cast<float>(W.config().rms_norm_eps);
+  p.x = in;
+  p.ld_x = ld_in;
+  if (residual != nullptr) {
+    p.residual = residual;
+    p.ld_residual = dim;
+    p.residual_out = residual;
+    p.ld_residual_out = dim;
+  }
+  p.weight = weight;
+  p.out = out;
+  p.ld_out = ld_out;
+  return kernels::LaunchRmsNorm(p, stream);
+}
 
-  auto linear = [&](const DeviceLinear& w, const bf16* a, int64_t lda, int64_t rows, void* out,
-                    int64_t ldc, bool fp32 = false) {
-    GemmArgs g;
-    g.m = rows;
-    g.n = w.out;
-    g.k = w.in;
-    g.trans_b = true;
-    g.a = a;
-    g.lda = lda;
-    g.b = w.w;
-    g.ldb = w.in;
-    g.c = out;
-    g.ldc = ldc;
-    g.c_fp32 = fp32;
-    return blas_.Gemm(g);
-  };
-  auto norm = [&](int64_t rows, int64_t dim, const bf16* in, int64_t ld_in, bf16* residual,
-                  const bf16* weight, bf16* out, int64_t ld_out) {
-    kernels::RmsNormParams p;
-    p.rows = static_cast<int>(rows);
-    p.dim = static_cast<int>(dim);
-    p.eps = eps;
-    p.x = in;
-    p.ld_x = ld_in;
-    if (residual != nullptr) {
-      p.residual = residual;
-      p.ld_residual = dim;
-      p.residual_out = residual;
-      p.ld_residual_out = dim;
-    }
-    p.weight = weight;
-    p.out = out;
-    p.ld_out = ld_out;
-    return kernels::LaunchRmsNorm(p, s);
-  };
-  auto silu = [&](int64_t rows, int64_t inter, bf16* gate_up) {
-    kernels::SiluMulParams p;
-    p.rows = static_cast<int>(rows);
-    p.dim = static_cast<int>(inter);
-    p.gate = gate_up;
-    p.ld_gate = 2 * inter;
-    p.up = gate_up + inter;
-    p.ld_up = 2 * inter;
-    p.out = gate_up;
-    p.ld_out = 2 * inter;
-    return kernels::LaunchSiluMul(p, s);
-  };
+absl::Status CudaEngine::Impl::Rope(bf16* x, int64_t rows, int64_t heads, int64_t token_stride,
+                                    int64_t head_stride, const StepPlan& P, cudaStream_t stream) {
+  const ModelConfig& c = W.config();
+  kernels::RopeParams p;
+  p.num_tokens = static_cast<int>(rows);
+  p.num_heads = static_cast<int>(heads);
+  p.rope_dim = static_cast<int>(kRope);
+  p.layout = Lanes(c.rope_layout);
+  p.attention_factor = static_cast<float>(c.RopeAttentionFactor());
+  p.x = x;
+  p.token_stride = token_stride;
+  p.head_stride = head_stride;
+  p.positions = meta.At<int32_t>(P.o_pos);
+  p.inv_freq = inv_freq;
+  return kernels::LaunchRope(p, stream);
+}
 
-  StepStats stats;
-  stats.tokens = n;
-  RETURN_IF_ERROR(GatherRows32(W.embed(), h, I.meta.At<int32_t>(o_ids), n, h, x, h, s));
+// The step's device work, in stream order: everything here may be captured into a graph (no
+// allocation, no host sync), except the MoE host path, which callers never capture.
+absl::Status CudaEngine::Impl::Enqueue(const StepPlan& P) {
+  const ModelConfig& c = W.config();
+  const int64_t n = P.n, h = c.hidden_size, heads = c.num_attention_heads;
+  const int64_t nope = c.qk_nope_head_dim, qk = c.qk_head_dim();
+  const int64_t hq_pad = (heads + 15) / 16 * 16;
+  // Programmatic launches pay for few-row steps only (kernels/common/pdl.cuh).
+  kernels::ProgrammaticLaunchEnabled() = n <= kSkinnyMaxRows;
+  if (P.m > 0 && hq_pad != heads) {
+    // Padded query heads stay zero (finite scores; their outputs are never read).
+    CUDA_RETURN_IF_ERROR(cudaMemsetAsync(qfull.as<bf16>(), 0, P.m * hq_pad * kRow * 2, s));
+  }
+  RETURN_IF_ERROR(moe.BeginStep());
+  bf16* xp = x.as<bf16>();
+  bf16* xnp = xn.as<bf16>();
+  bf16* dp = delta.as<bf16>();
+  bf16* qp_ = q.as<bf16>();
+  bf16* kvap = kva.as<bf16>();
+  RETURN_IF_ERROR(GatherRows32(W.embed(), h, meta.At<int32_t>(P.o_ids), n, h, xp, h, s));
 
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const DeviceLayer& L = W.layers()[l];
-    stats.weight_bytes += L.attention_bytes();
     // Input norm; from layer 1 on fused with x += delta (the previous block's output).
-    RETURN_IF_ERROR(norm(n, h, l == 0 ? x : delta, h, l == 0 ? nullptr : x, L.input_norm, xn, h));
+    RETURN_IF_ERROR(
+        Norm(n, h, l == 0 ? xp : dp, h, l == 0 ? nullptr : xp, L.input_norm, xnp, h, s));
+    // The new latent + k_pe rows into their pages (side stream) beside the query projection.
+    RETURN_IF_ERROR(side->Fork());
+    const cudaStream_t s2 = side->stream();
+    RETURN_IF_ERROR(LinearBf16(side->blas(), s2, L.kv_a_proj, xnp, h, n, kvap, kRow));
+    RETURN_IF_ERROR(Norm(n, kLatent, kvap, kRow, nullptr, L.kv_a_norm, kvap, kRow, s2));
+    RETURN_IF_ERROR(Rope(kvap + kLatent, n, 1, kRow, kRow, P, s2));
+    RETURN_IF_ERROR(
+        ScatterRows(kvap, kRow, meta.At<int64_t>(P.o_kv), n, kRow, pool.layer_base(l), kRow, s2));
     if (c.q_lora_rank > 0) {
-      bf16* qa = I.qa.as<bf16>();
-      RETURN_IF_ERROR(linear(L.q_a_proj, xn, h, n, qa, c.q_lora_rank));
-      RETURN_IF_ERROR(
-          norm(n, c.q_lora_rank, qa, c.q_lora_rank, nullptr, L.q_a_norm, qa, c.q_lora_rank));
-      RETURN_IF_ERROR(linear(L.q_b_proj, qa, c.q_lora_rank, n, q, heads * qk));
+      bf16* qap = qa.as<bf16>();
+      RETURN_IF_ERROR(LinearBf16(blas, s, L.q_a_proj, xnp, h, n, qap, c.q_lora_rank));
+      RETURN_IF_ERROR(Norm(n, c.q_lora_rank, qap, c.q_lora_rank, nullptr, L.q_a_norm, qap,
+                           c.q_lora_rank, s));
+      RETURN_IF_ERROR(LinearBf16(blas, s, L.q_b_proj, qap, c.q_lora_rank, n, qp_, heads * qk));
     } else {
-      RETURN_IF_ERROR(linear(L.q_proj, xn, h, n, q, heads * qk));
+      RETURN_IF_ERROR(LinearBf16(blas, s, L.q_proj, xnp, h, n, qp_, heads * qk));
     }
-    RETURN_IF_ERROR(linear(L.kv_a_proj, xn, h, n, kva, kRow));
-    RETURN_IF_ERROR(norm(n, kLatent, kva, kRow, nullptr, L.kv_a_norm, kva, kRow));
-    {
-      kernels::RopeParams p;
-      p.num_tokens = static_cast<int>(n);
-      p.num_heads = static_cast<int>(heads);
-      p.rope_dim = static_cast<int>(kRope);
-      p.layout = Lanes(c.rope_layout);
-      p.attention_factor = static_cast<float>(c.RopeAttentionFactor());
-      p.x = q + nope;
-      p.token_stride = heads * qk;
-      p.head_stride = qk;
-      p.positions = d_positions;
-      p.inv_freq = I.inv_freq;
-      RETURN_IF_ERROR(kernels::LaunchRope(p, s));
-      p.num_heads = 1;
-      p.x = kva + kLatent;
-      p.token_stride = kRow;
-      p.head_stride = kRow;
-      RETURN_IF_ERROR(kernels::LaunchRope(p, s));
-    }
-    bf16* pool_l = pool_->layer_base(l);
-    RETURN_IF_ERROR(ScatterRows(kva, kRow, I.meta.At<int64_t>(o_kv), n, kRow, pool_l, kRow, s));
-
-    // ---- Attention, MHA form: per sequence over its decompressed context.
-    for (const MhaSeq& sq : mha) {
-      bf16* lat = I.lat.as<bf16>();
-      bf16* kvd = I.kvd.as<bf16>();
-      RETURN_IF_ERROR(GatherRows(pool_l, kRow, I.meta.At<int64_t>(o_lat) + sq.lat_off, sq.ctx, kRow,
-                                 lat, kRow, s));
-      RETURN_IF_ERROR(linear(L.kv_b_proj, lat, kRow, sq.ctx, kvd, heads * kvb_row));
-      stats.kv_bytes += sq.ctx * kRow * 2;
-      CopyHeadsParams cp;
-      // K = [k_nope | 0 | k_pe] per head, V = [v | 0].
-      cp = {sq.ctx,  heads,           nope,           kPadNope, kvd, heads * kvb_row,
-            kvb_row, I.kp.as<bf16>(), heads * kPadQk, kPadQk};
-      RETURN_IF_ERROR(CopyHeads(cp, s));
-      cp = {sq.ctx,         heads, kRope, kRope, lat + kLatent, kRow, 0, I.kp.as<bf16>() + kPadNope,
-            heads * kPadQk, kPadQk};
-      RETURN_IF_ERROR(CopyHeads(cp, s));
-      cp = {sq.ctx,          heads,         vd,   kPadV, kvd + nope, heads * kvb_row, kvb_row,
-            I.vp.as<bf16>(), heads * kPadV, kPadV};
-      RETURN_IF_ERROR(CopyHeads(cp, s));
-      // Q = [q_nope | 0 | q_pe].
-      const bf16* qs = q + sq.first_row * heads * qk;
-      cp = {sq.q_len, heads,           nope,           kPadNope, qs, heads * qk,
-            qk,       I.qp.as<bf16>(), heads * kPadQk, kPadQk};
-      RETURN_IF_ERROR(CopyHeads(cp, s));
-      cp = {sq.q_len,       heads,      kRope, kRope,
-            qs + nope,      heads * qk, qk,    I.qp.as<bf16>() + kPadNope,
-            heads * kPadQk, kPadQk};
-      RETURN_IF_ERROR(CopyHeads(cp, s));
-      kernels::PrefillAttentionParams p;
-      p.batch = 1;
-      p.num_heads = static_cast<int>(heads);
-      p.max_seqlen_q = static_cast<int>(sq.q_len);
-      p.causal = true;
-      p.accumulate = false;
-      p.softmax_scale = scale;
-      p.cu_seqlens_q = I.meta.At<int32_t>(o_cu) + sq.cu_off;
-      p.cu_seqlens_k = I.meta.At<int32_t>(o_cu) + sq.cu_off + 2;
-      p.q = I.qp.as<bf16>();
-      p.q_token_stride = heads * kPadQk;
-      p.q_head_stride = kPadQk;
-      p.k = I.kp.as<bf16>();
-      p.k_token_stride = heads * kPadQk;
-      p.k_head_stride = kPadQk;
-      p.v = I.vp.as<bf16>();
-      p.v_token_stride = heads * kPadV;
-      p.v_head_stride = kPadV;
-      p.out = I.op.as<bf16>();
-      p.out_token_stride = heads * kPadV;
-      p.out_head_stride = kPadV;
-      p.lse = I.plse.as<float>();
-      RETURN_IF_ERROR(kernels::LaunchPrefillAttention(p, s));
-      cp = {sq.q_len,
-            heads,
-            vd,
-            vd,
-            I.op.as<bf16>(),
-            heads * kPadV,
-            kPadV,
-            attn + sq.first_row * heads * vd,
-            heads * vd,
-            vd};
-      RETURN_IF_ERROR(CopyHeads(cp, s));
-    }
-
-    // ---- Attention, absorbed form (MLA decode over the latent pages).
-    if (m > 0) {
-      const bf16* qd = q;
-      if (!all_decode) {
-        RETURN_IF_ERROR(GatherRows(q, heads * qk, I.meta.At<int64_t>(o_dec), m, heads * qk,
-                                   I.qd.as<bf16>(), heads * qk, s));
-        qd = I.qd.as<bf16>();
-      }
-      bf16* qfull = I.qfull.as<bf16>();
-      // q_lat[r][hd] = q_nope[r][hd] · W_UK[hd]   ([nope] × [nope][512], one GEMM per head).
-      GemmArgs g;
-      g.m = m;
-      g.n = kLatent;
-      g.k = nope;
-      g.trans_b = false;
-      g.a = qd;
-      g.lda = heads * qk;
-      g.stride_a = qk;
-      g.b = L.kv_b_proj.w;
-      g.ldb = kLatent;
-      g.stride_b = kvb_row * kLatent;
-      g.c = qfull;
-      g.ldc = hq_pad * kRow;
-      g.stride_c = kRow;
-      g.batch = heads;
-      RETURN_IF_ERROR(blas_.Gemm(g));
-      CopyHeadsParams cp{m,          heads, kRope,           kRope,         qd + nope,
-                         heads * qk, qk,    qfull + kLatent, hq_pad * kRow, kRow};
-      RETURN_IF_ERROR(CopyHeads(cp, s));
-      kernels::MlaDecodeParams p;
-      p.batch = static_cast<int>(m);
-      p.num_heads_q = static_cast<int>(hq_pad);
-      p.num_pages = static_cast<int>(pool_->num_pages());
-      p.max_pages_per_seq = static_cast<int>(max_pages);
-      p.num_splits = num_splits;
-      p.softmax_scale = scale;
-      p.q = qfull;
-      p.kv_cache = pool_l;
-      p.block_table = I.meta.At<int32_t>(o_dtab);
-      p.seqlens = I.meta.At<int32_t>(o_dlen);
-      p.out = I.olat.as<bf16>();
-      p.lse = I.dlse.as<float>();
-      if (num_splits > 1) kernels::MlaDecodeSetWorkspace(p, I.dws.as<void>());
-      RETURN_IF_ERROR(kernels::LaunchMlaDecode(p, s));
-      for (int32_t len : dec_seqlens) stats.kv_bytes += static_cast<int64_t>(len) * kRow * 2;
-      // out[r][hd] = o_lat[r][hd] · W_UV[hd]ᵀ   ([512] × [vd][512]ᵀ, one GEMM per head).
-      bf16* od = all_decode ? attn : I.od.as<bf16>();
-      g = GemmArgs{};
-      g.m = m;
-      g.n = vd;
-      g.k = kLatent;
-      g.trans_b = true;
-      g.a = I.olat.as<bf16>();
-      g.lda = hq_pad * kLatent;
-      g.stride_a = kLatent;
-      g.b = L.kv_b_proj.w + nope * kLatent;
-      g.ldb = kLatent;
-      g.stride_b = kvb_row * kLatent;
-      g.c = od;
-      g.ldc = heads * vd;
-      g.stride_c = vd;
-      g.batch = heads;
-      RETURN_IF_ERROR(blas_.Gemm(g));
-      if (!all_decode) {
-        RETURN_IF_ERROR(ScatterRows(od, heads * vd, I.meta.At<int64_t>(o_dec), m, heads * vd, attn,
-                                    heads * vd, s));
-      }
-    }
-    RETURN_IF_ERROR(linear(L.o_proj, attn, heads * vd, n, delta, h));
+    RETURN_IF_ERROR(Rope(qp_ + nope, n, heads, heads * qk, qk, P, s));
+    RETURN_IF_ERROR(side->Join());
+    RETURN_IF_ERROR(MhaAttention(L, P, l));
+    RETURN_IF_ERROR(AbsorbedAttention(L, P, l));
+    RETURN_IF_ERROR(
+        LinearBf16(blas, s, L.o_proj, attn.as<bf16>(), heads * c.v_head_dim, n, dp, h));
 
     // ---- Feed-forward.
-    RETURN_IF_ERROR(norm(n, h, delta, h, x, L.post_attention_norm, xn, h));
-    if (!L.moe) {
-      const int64_t inter = L.down.in;
-      RETURN_IF_ERROR(linear(L.gate_up, xn, h, n, I.gu.as<bf16>(), 2 * inter));
-      RETURN_IF_ERROR(silu(n, inter, I.gu.as<bf16>()));
-      RETURN_IF_ERROR(linear(L.down, I.gu.as<bf16>(), 2 * inter, n, delta, h));
-      stats.weight_bytes += L.gate_up.bytes() + L.down.bytes();
-      continue;
+    RETURN_IF_ERROR(Norm(n, h, dp, h, xp, L.post_attention_norm, xnp, h, s));
+    if (L.moe) {
+      RETURN_IF_ERROR(moe.Forward(l, L, xnp, n, dp));
+    } else {
+      RETURN_IF_ERROR(Mlp(blas, s, L.gate_up, L.down, xnp, n, gu.as<bf16>(), dp));
     }
-    const int64_t ne = c.n_routed_experts;
-    RETURN_IF_ERROR(linear(L.router, xn, h, n, I.router_logits.as<float>(), ne, /*fp32=*/true));
-    {
-      kernels::MoeRouterParams p;
-      p.num_tokens = static_cast<int>(n);
-      p.num_experts = static_cast<int>(ne);
-      p.top_k = static_cast<int>(k_top);
-      p.scoring = c.scoring_func == model::ScoringFunc::kSoftmax ? kernels::MoeScoring::kSoftmax
-                                                                 : kernels::MoeScoring::kSigmoid;
-      p.topk_method = c.topk_method == model::TopkMethod::kGreedy
-                          ? kernels::MoeTopkMethod::kGreedy
-                          : (c.topk_method == model::TopkMethod::kGroupLimitedGreedy
-                                 ? kernels::MoeTopkMethod::kGroupLimitedGreedy
-                                 : kernels::MoeTopkMethod::kNoauxTc);
-      p.n_group = static_cast<int>(c.n_group);
-      p.topk_group = static_cast<int>(c.topk_group);
-      p.normalize = c.type == model::ModelType::kDeepseekV3 && c.norm_topk_prob;
-      p.routed_scaling_factor = static_cast<float>(c.routed_scaling_factor);
-      p.logits = I.router_logits.as<float>();
-      p.ld_logits = ne;
-      p.bias = L.score_bias;
-      p.experts = I.experts.as<int32_t>();
-      p.weights = I.weights.as<float>();
-      RETURN_IF_ERROR(kernels::LaunchMoeRouter(p, s));
-    }
-    // The routing comes to the host: per-expert GEMM sizes are host decisions.
-    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(I.host_experts, I.experts.as<int32_t>(), n * k_top * 4,
-                                         cudaMemcpyDeviceToHost, s));
-    CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
-    std::vector<int64_t> count(ne, 0), offset(ne + 1, 0);
-    for (int64_t i = 0; i < n * k_top; ++i) {
-      const int32_t e = I.host_experts[i];
-      if (e < 0 || e >= ne) return absl::InternalError(StrCat("router chose expert ", e));
-      ++count[e];
-    }
-    for (int64_t e = 0; e < ne; ++e) offset[e + 1] = offset[e] + count[e];
-    std::vector<int64_t> perm(n * k_top), pos(n * k_top);
-    {
-      std::vector<int64_t> fill(offset.begin(), offset.end() - 1);
-      for (int64_t i = 0; i < n * k_top; ++i) {
-        const int64_t row = fill[I.host_experts[i]]++;
-        pos[i] = row;
-        perm[row] = i / k_top;
-      }
-    }
-    I.moe_meta.Clear();
-    const size_t o_perm = I.moe_meta.Add(perm), o_mpos = I.moe_meta.Add(pos);
-    RETURN_IF_ERROR(I.moe_meta.Upload(s));
-    bf16* xe = I.xe.as<bf16>();
-    bf16* gue = I.gue.as<bf16>();
-    bf16* ye = I.ye.as<bf16>();
-    const int64_t inter = c.moe_intermediate_size;
-    RETURN_IF_ERROR(GatherRows(xn, h, I.moe_meta.At<int64_t>(o_perm), n * k_top, h, xe, h, s));
-    for (int64_t e = 0; e < ne; ++e) {
-      if (count[e] == 0) continue;
-      const DeviceLinear gate_up{L.experts + e * L.expert_stride, 2 * inter, h};
-      RETURN_IF_ERROR(
-          linear(gate_up, xe + offset[e] * h, h, count[e], gue + offset[e] * 2 * inter, 2 * inter));
-      stats.weight_bytes += 3 * inter * h * 2;
-    }
-    RETURN_IF_ERROR(silu(n * k_top, inter, gue));
-    for (int64_t e = 0; e < ne; ++e) {
-      if (count[e] == 0) continue;
-      const DeviceLinear down{L.experts + e * L.expert_stride + 2 * inter * h, h, inter};
-      RETURN_IF_ERROR(
-          linear(down, gue + offset[e] * 2 * inter, 2 * inter, count[e], ye + offset[e] * h, h));
-    }
-    const bf16* shared = nullptr;
-    if (L.has_shared) {
-      const int64_t si = L.shared_down.in;
-      RETURN_IF_ERROR(linear(L.shared_gate_up, xn, h, n, I.gu.as<bf16>(), 2 * si));
-      RETURN_IF_ERROR(silu(n, si, I.gu.as<bf16>()));
-      RETURN_IF_ERROR(
-          linear(L.shared_down, I.gu.as<bf16>(), 2 * si, n, I.shared_out.as<bf16>(), h));
-      shared = I.shared_out.as<bf16>();
-      stats.weight_bytes += L.shared_gate_up.bytes() + L.shared_down.bytes();
-    }
-    stats.weight_bytes += L.router.bytes();
-    RETURN_IF_ERROR(MoeCombine(ye, I.moe_meta.At<int64_t>(o_mpos), I.weights.as<float>(), n, k_top,
-                               h, shared, delta, s));
   }
   // Final norm (fused with the last residual add), then the LM head on the output rows only.
-  RETURN_IF_ERROR(norm(n, h, delta, h, x, W.final_norm(), xn, h));
-  bf16* fin = I.fin.as<bf16>();
-  RETURN_IF_ERROR(GatherRows(xn, h, I.meta.At<int64_t>(o_out), total_out, h, fin, h, s));
-  float* logits = I.logits.as<float>();
-  RETURN_IF_ERROR(linear(W.lm_head(), fin, h, total_out, logits, c.vocab_size, /*fp32=*/true));
-  stats.weight_bytes += W.lm_head().bytes() + n * h * 2;
-  outputs->assign(batch.size(), {});
-  for (size_t si = 0; si < batch.size(); ++si) {
-    auto& out = (*outputs)[si];
-    out.rows = out_rows[si];
-    out.logits.resize(out_rows[si] * c.vocab_size);
-    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(out.logits.data(), logits + out_first[si] * c.vocab_size,
-                                         out.logits.size() * 4, cudaMemcpyDeviceToHost, s));
+  RETURN_IF_ERROR(Norm(n, h, dp, h, xp, W.final_norm(), xnp, h, s));
+  RETURN_IF_ERROR(
+      GatherRows(xnp, h, meta.At<int64_t>(P.o_out), P.total_out, h, fin.as<bf16>(), h, s));
+  return Linear(blas, W.lm_head(), fin.as<bf16>(), h, P.total_out, logits.as<float>(),
+                c.vocab_size, /*fp32=*/true);
+}
+
+// Attention, MHA form: per prefill sequence over its decompressed context.
+absl::Status CudaEngine::Impl::MhaAttention(const DeviceLayer& L, const StepPlan& P,
+                                            int64_t layer) {
+  const ModelConfig& c = W.config();
+  const int64_t heads = c.num_attention_heads, nope = c.qk_nope_head_dim, vd = c.v_head_dim;
+  const int64_t qk = c.qk_head_dim(), kvb_row = nope + vd;
+  const bf16* pool_l = pool.layer_base(layer);
+  bf16* attn_p = attn.as<bf16>();
+  for (const MhaSeq& sq : P.mha) {
+    bf16* latp = lat.as<bf16>();
+    bf16* kvdp = kvd.as<bf16>();
+    RETURN_IF_ERROR(GatherRows(pool_l, kRow, meta.At<int64_t>(P.o_lat) + sq.lat_off, sq.ctx, kRow,
+                               latp, kRow, s));
+    RETURN_IF_ERROR(Linear(blas, L.kv_b_proj, latp, kRow, sq.ctx, kvdp, heads * kvb_row));
+    CopyHeadsParams cp;
+    // K = [k_nope | 0 | k_pe] per head, V = [v | 0].
+    cp = {sq.ctx, heads, nope, kPadNope, kvdp, heads * kvb_row, kvb_row, kp.as<bf16>(),
+          heads * kPadQk, kPadQk};
+    RETURN_IF_ERROR(CopyHeads(cp, s));
+    cp = {sq.ctx, heads, kRope, kRope, latp + kLatent, kRow, 0, kp.as<bf16>() + kPadNope,
+          heads * kPadQk, kPadQk};
+    RETURN_IF_ERROR(CopyHeads(cp, s));
+    cp = {sq.ctx, heads, vd, kPadV, kvdp + nope, heads * kvb_row, kvb_row, vp.as<bf16>(),
+          heads * kPadV, kPadV};
+    RETURN_IF_ERROR(CopyHeads(cp, s));
+    // Q = [q_nope | 0 | q_pe].
+    const bf16* qs = q.as<bf16>() + sq.first_row * heads * qk;
+    cp = {sq.q_len, heads, nope, kPadNope, qs, heads * qk, qk, qp.as<bf16>(), heads * kPadQk,
+          kPadQk};
+    RETURN_IF_ERROR(CopyHeads(cp, s));
+    cp = {sq.q_len,      heads, kRope, kRope, qs + nope, heads * qk, qk, qp.as<bf16>() + kPadNope,
+          heads * kPadQk, kPadQk};
+    RETURN_IF_ERROR(CopyHeads(cp, s));
+    kernels::PrefillAttentionParams p;
+    p.batch = 1;
+    p.num_heads = static_cast<int>(heads);
+    p.max_seqlen_q = static_cast<int>(sq.q_len);
+    p.causal = true;
+    p.accumulate = false;
+    p.softmax_scale = static_cast<float>(c.SoftmaxScale());
+    p.cu_seqlens_q = meta.At<int32_t>(P.o_cu) + sq.cu_off;
+    p.cu_seqlens_k = meta.At<int32_t>(P.o_cu) + sq.cu_off + 2;
+    p.q = qp.as<bf16>();
+    p.q_token_stride = heads * kPadQk;
+    p.q_head_stride = kPadQk;
+    p.k = kp.as<bf16>();
+    p.k_token_stride = heads * kPadQk;
+    p.k_head_stride = kPadQk;
+    p.v = vp.as<bf16>();
+    p.v_token_stride = heads * kPadV;
+    p.v_head_stride = kPadV;
+    p.out = op.as<bf16>();
+    p.out_token_stride = heads * kPadV;
+    p.out_head_stride = kPadV;
+    p.lse = plse.as<float>();
+    RETURN_IF_ERROR(kernels::LaunchPrefillAttention(p, s));
+    cp = {sq.q_len, heads, vd, vd, op.as<bf16>(), heads * kPadV, kPadV,
+          attn_p + sq.first_row * heads * vd, heads * vd, vd};
+    RETURN_IF_ERROR(CopyHeads(cp, s));
   }
-  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
-  stats_ = stats;
+  return absl::OkStatus();
+}
+
+// Attention, absorbed form (MLA decode over the latent pages).
+absl::Status CudaEngine::Impl::AbsorbedAttention(const DeviceLayer& L, const StepPlan& P,
+                                                 int64_t layer) {
+  if (P.m == 0) return absl::OkStatus();
+  const ModelConfig& c = W.config();
+  const int64_t m = P.m, heads = c.num_attention_heads, nope = c.qk_nope_head_dim;
+  const int64_t vd = c.v_head_dim, qk = c.qk_head_dim(), kvb_row = nope + vd;
+  const int64_t hq_pad = (heads + 15) / 16 * 16;
+  const bf16* qdp = q.as<bf16>();
+  if (!P.all_decode) {
+    RETURN_IF_ERROR(GatherRows(q.as<bf16>(), heads * qk, meta.At<int64_t>(P.o_dec), m, heads * qk,
+                               qd.as<bf16>(), heads * qk, s));
+    qdp = qd.as<bf16>();
+  }
+  bf16* qf = qfull.as<bf16>();
+  const bool skinny = m <= kSkinnyMaxRows && wuk_t != nullptr;
+  // q_pe into the query rows (side stream) beside q_lat.
+  RETURN_IF_ERROR(side->Fork());
+  CopyHeadsParams cp{m, heads, kRope, kRope, qdp + nope, heads * qk, qk, qf + kLatent,
+                     hq_pad * kRow, kRow};
+  RETURN_IF_ERROR(CopyHeads(cp, side->stream()));
+  // q_lat[r][hd] = q_nope[r][hd] · W_UK[hd]   ([nope] × [nope][512], one GEMM per head).
+  if (skinny) {
+    kernels::SkinnyGemmParams sg;
+    sg.tokens = static_cast<int>(m);
+    sg.n_out = static_cast<int>(kLatent);
+    sg.k = static_cast<int>(nope);
+    sg.batch = static_cast<int>(heads);
+    sg.x = qdp;
+    sg.ld_x = heads * qk;
+    sg.batch_stride_x = qk;
+    sg.w = wuk_t + layer * heads * kLatent * nope;
+    sg.batch_stride_w = kLatent * nope;
+    sg.out = qf;
+    sg.ld_out = hq_pad * kRow;
+    sg.batch_stride_out = kRow;
+    RETURN_IF_ERROR(kernels::LaunchSkinnyGemm(sg, s));
+    RETURN_IF_ERROR(side->Join());
+  }
+  GemmArgs g;
+  g.m = m;
+  g.n = kLatent;
+  g.k = nope;
+  g.trans_b = false;
+  g.a = qdp;
+  g.lda = heads * qk;
+  g.stride_a = qk;
+  g.b = L.kv_b_proj.w;
+  g.ldb = kLatent;
+  g.stride_b = kvb_row * kLatent;
+  g.c = qf;
+  g.ldc = hq_pad * kRow;
+  g.stride_c = kRow;
+  g.batch = heads;
+  if (!skinny) {
+    RETURN_IF_ERROR(blas.Gemm(g));
+    RETURN_IF_ERROR(side->Join());
+  }
+  kernels::MlaDecodeParams p;
+  p.batch = static_cast<int>(m);
+  p.num_heads_q = static_cast<int>(hq_pad);
+  p.num_pages = static_cast<int>(pool.num_pages());
+  p.max_pages_per_seq = static_cast<int>(P.table_pages);
+  p.num_splits = P.num_splits;
+  p.softmax_scale = static_cast<float>(c.SoftmaxScale());
+  p.q = qf;
+  p.kv_cache = pool.layer_base(layer);
+  p.block_table = meta.At<int32_t>(P.o_dtab);
+  p.seqlens = meta.At<int32_t>(P.o_dlen);
+  p.out = olat.as<bf16>();
+  p.lse = dlse.as<float>();
+  if (P.num_splits > 1) kernels::MlaDecodeSetWorkspace(p, dws.as<void>());
+  RETURN_IF_ERROR(kernels::LaunchMlaDecode(p, s));
+  // out[r][hd] = o_lat[r][hd] · W_UV[hd]ᵀ   ([512] × [vd][512]ᵀ, one GEMM per head).
+  bf16* odp = P.all_decode ? attn.as<bf16>() : od.as<bf16>();
+  if (skinny) {
+    kernels::SkinnyGemmParams sg;
+    sg.tokens = static_cast<int>(m);
+    sg.n_out = static_cast<int>(vd);
+    sg.k = static_cast<int>(kLatent);
+    sg.batch = static_cast<int>(heads);
+    sg.x = olat.as<bf16>();
+    sg.ld_x = hq_pad * kLatent;
+    sg.batch_stride_x = kLatent;
+    sg.w = L.kv_b_proj.w + nope * kLatent;
+    sg.batch_stride_w = kvb_row * kLatent;
+    sg.out = odp;
+    sg.ld_out = heads * vd;
+    sg.batch_stride_out = vd;
+    RETURN_IF_ERROR(kernels::LaunchSkinnyGemm(sg, s));
+  }
+  g = GemmArgs{};
+  g.m = m;
+  g.n = vd;
+  g.k = kLatent;
+  g.trans_b = true;
+  g.a = olat.as<bf16>();
+  g.lda = hq_pad * kLatent;
+  g.stride_a = kLatent;
+  g.b = L.kv_b_proj.w + nope * kLatent;
+  g.ldb = kLatent;
+  g.stride_b = kvb_row * kLatent;
+  g.c = odp;
+  g.ldc = heads * vd;
+  g.stride_c = vd;
+  g.batch = heads;
+  if (!skinny) RETURN_IF_ERROR(blas.Gemm(g));
+  if (!P.all_decode) {
+    RETURN_IF_ERROR(ScatterRows(odp, heads * vd, meta.At<int64_t>(P.o_dec), m, heads * vd,
+                                attn.as<bf16>(), heads * vd, s));
+  }
   return absl::OkStatus();
 }
 

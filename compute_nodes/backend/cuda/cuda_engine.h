@@ -3,21 +3,30 @@
 //
 // Weights are uploaded once (DeviceWeights); the latent KV lives in a DeviceKvPool. Per layer:
 // RMSNorm fused with the residual add (kernels/norm_rope), the projections through cuBLAS
-// (cublas_gemm.h), YaRN RoPE (kernels/norm_rope), the new latent + k_pe rows written into their
-// pages, then attention:
+// (cublas_gemm.h) or, for steps of at most kSkinnyMaxRows rows, the bandwidth-bound skinny GEMM of
+// kernels/moe_experts (step_util.h), YaRN RoPE (kernels/norm_rope), the new latent + k_pe rows
+// written into their pages (on a side stream, beside the query projection), then attention:
 //  - MHA form (prefill chunks): the sequence's whole context is gathered from its pages,
 //    decompressed with kv_b_proj (one GEMM) and attended with kernels/prefill_attention (causal,
 //    bottom-right: the new tokens are the last of the context). Head dims are zero-padded to the
 //    kernel's 192 (q/k) and 128 (v), so the small test presets run the same code.
-//  - Absorbed form (decode): q_nope · W_UK per head (a strided-batched GEMM) then
+//  - Absorbed form (decode): q_nope · W_UK per head (a strided-batched GEMM; for few rows a
+//    batched skinny GEMM over a transposed copy of W_UK) then
 //    kernels/mla_decode over the latent pages (heads zero-padded to a multiple of 16), then
 //    · W_UVᵀ per head. A multi-token absorbed chunk is one decode query per token.
-// The MoE block routes with kernels/moe_router, copies the routing to the host (one sync per MoE
-// layer), gathers the tokens of each expert contiguously and runs one fused gate|up GEMM and one
-// down GEMM per expert that has tokens, SiLU×mul (kernels/activation) over all of them at once,
-// then a weighted combine with the shared experts' output.
+// The MoE block (moe_block.h) routes with kernels/moe_router; for decode-sized token counts the
+// routing stays on the device (kernels/moe_experts: per-expert slot groups, then grouped gate|up +
+// SiLU×mul and down kernels that read each active expert's weights once); for larger counts it
+// comes to the host (one sync per MoE layer) for one cuBLAS gate|up and down GEMM per expert. Then
+// a weighted combine with the shared experts' output (computed on the side stream).
 //
-// Logits are fp32 from a bf16 lm_head GEMM. Not thread-safe (one Forward at a time, as every
+// A step whose rows are all decode rows (and whose MoE stays on the device) is captured into a
+// CUDA graph keyed by its shape (decode_graph.h) and replayed on later steps of that shape; its
+// per-step metadata goes through one fixed device buffer uploaded before the replay. Steps of at
+// most kSkinnyMaxRows rows launch their kernels programmatically (kernels/common/pdl.h).
+//
+// Logits are fp32 from a bf16 lm_head GEMM, copied once into pinned memory and from there into
+// the caller's output vectors. Not thread-safe (one Forward at a time, as every
 // Engine); the pool's Export/ImportPage may be called between Forwards.
 #pragma once
 
@@ -42,6 +51,8 @@ struct CudaEngineOptions {
   int64_t num_pages = 256;
   int64_t block_tokens = 64;  // the MLA decode kernel's page size; nothing else is accepted
   int device = 0;
+  bool cuda_graphs = true;             // capture and replay all-decode steps
+  int64_t moe_device_max_tokens = 256;  // MoE routing on the device up to this many tokens
 };
 
 // What the last Forward read from device memory (for the decode benchmark's HBM floor).
@@ -49,6 +60,11 @@ struct StepStats {
   int64_t weight_bytes = 0;  // weights read: every dense tensor, the routed experts that had tokens
   int64_t kv_bytes = 0;      // latent pages read by attention (every layer)
   int64_t tokens = 0;
+  bool graphed = false;    // the step ran as a CUDA graph (captured now or replayed)
+  double device_ms = 0.0;  // GPU time of the step's work (events), without the logits copy
+  double logits_copy_ms = 0.0;   // GPU -> pinned host copy of the logits (events)
+  double host_enqueue_ms = 0.0;  // host: Forward's start until all work was enqueued
+  double host_output_ms = 0.0;   // host: pinned logits into the callers' vectors
 };
 
 class CudaEngine final : public runtime::Engine {
@@ -66,12 +82,16 @@ class CudaEngine final : public runtime::Engine {
 
   const model::ModelConfig& config() const override { return weights_->config(); }
   DeviceKvPool& kv_pool() override { return *pool_; }
+  // `outputs` may hold the previous step's outputs: their logits vectors are reused.
   absl::Status Forward(std::span<const runtime::SequenceInput> batch,
                        std::vector<runtime::SequenceOutput>* outputs) override;
 
   const DeviceWeights& weights() const { return *weights_; }
   const StepStats& last_step() const { return stats_; }
   cudaStream_t stream() const { return stream_; }
+  // Decode graphs captured / replayed so far.
+  int64_t graph_captures() const;
+  int64_t graph_replays() const;
 
  private:
   struct Impl;

@@ -2,6 +2,7 @@
 #include <string>
 
 #include "compute_nodes/backend/cuda/cuda_ops.h"
+#include "kernels/common/pdl.cuh"
 
 namespace strata::cuda {
 namespace {
@@ -23,6 +24,7 @@ absl::Status LaunchError(const char* what) {
 template <typename Index>
 __global__ void GatherRowsKernel(const __nv_bfloat16* src, int64_t src_ld, const Index* idx,
                                  int64_t rows, int64_t width, __nv_bfloat16* dst, int64_t dst_ld) {
+  kernels::PdlGridSync();
   const int64_t total = rows * width;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -33,6 +35,7 @@ __global__ void GatherRowsKernel(const __nv_bfloat16* src, int64_t src_ld, const
 
 __global__ void ScatterRowsKernel(const __nv_bfloat16* src, int64_t src_ld, const int64_t* idx,
                                   int64_t rows, int64_t width, __nv_bfloat16* dst, int64_t dst_ld) {
+  kernels::PdlGridSync();
   const int64_t total = rows * width;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -42,6 +45,7 @@ __global__ void ScatterRowsKernel(const __nv_bfloat16* src, int64_t src_ld, cons
 }
 
 __global__ void CopyHeadsKernel(CopyHeadsParams p) {
+  kernels::PdlGridSync();
   const int64_t total = p.rows * p.heads * p.dst_width;
   const __nv_bfloat16 zero = __float2bfloat16(0.f);
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
@@ -57,16 +61,29 @@ __global__ void CopyHeadsKernel(CopyHeadsParams p) {
 __global__ void MoeCombineKernel(const __nv_bfloat16* expert_out, const int64_t* pos,
                                  const float* weights, int64_t tokens, int64_t top_k, int64_t dim,
                                  const __nv_bfloat16* shared, __nv_bfloat16* out) {
+  kernels::PdlGridSync();
   const int64_t total = tokens * dim;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t t = i / dim, d = i % dim;
     float acc = 0.f;
     for (int64_t k = 0; k < top_k; ++k) {
-      acc += weights[t * top_k + k] * __bfloat162float(expert_out[pos[t * top_k + k] * dim + d]);
+      const int64_t row = pos[t * top_k + k];
+      if (row >= 0) acc += weights[t * top_k + k] * __bfloat162float(expert_out[row * dim + d]);
     }
     if (shared != nullptr) acc += __bfloat162float(shared[i]);
     out[i] = __float2bfloat16_rn(acc);
+  }
+}
+
+__global__ void TransposeBatchedKernel(const __nv_bfloat16* src, int64_t src_batch_stride,
+                                       int64_t batch, int64_t rows, int64_t cols,
+                                       __nv_bfloat16* dst) {
+  const int64_t total = batch * rows * cols;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t r = i % rows, c = (i / rows) % cols, b = i / (rows * cols);
+    dst[i] = src[b * src_batch_stride + r * cols + c];
   }
 }
 
@@ -101,8 +118,8 @@ __global__ void FillRandomKernel(__nv_bfloat16* dst, int64_t n, int kind, float 
 absl::Status GatherRows(const __nv_bfloat16* src, int64_t src_ld, const int64_t* idx, int64_t rows,
                         int64_t width, __nv_bfloat16* dst, int64_t dst_ld, cudaStream_t stream) {
   if (rows * width == 0) return absl::OkStatus();
-  GatherRowsKernel<int64_t>
-      <<<Blocks(rows * width), kThreads, 0, stream>>>(src, src_ld, idx, rows, width, dst, dst_ld);
+  (void)kernels::LaunchPdl(GatherRowsKernel<int64_t>, dim3(Blocks(rows * width)), dim3(kThreads), 0,
+                           stream, src, src_ld, idx, rows, width, dst, dst_ld);
   return LaunchError("GatherRows");
 }
 
@@ -110,16 +127,16 @@ absl::Status GatherRows32(const __nv_bfloat16* src, int64_t src_ld, const int32_
                           int64_t rows, int64_t width, __nv_bfloat16* dst, int64_t dst_ld,
                           cudaStream_t stream) {
   if (rows * width == 0) return absl::OkStatus();
-  GatherRowsKernel<int32_t>
-      <<<Blocks(rows * width), kThreads, 0, stream>>>(src, src_ld, idx, rows, width, dst, dst_ld);
+  (void)kernels::LaunchPdl(GatherRowsKernel<int32_t>, dim3(Blocks(rows * width)), dim3(kThreads), 0,
+                           stream, src, src_ld, idx, rows, width, dst, dst_ld);
   return LaunchError("GatherRows32");
 }
 
 absl::Status ScatterRows(const __nv_bfloat16* src, int64_t src_ld, const int64_t* idx, int64_t rows,
                          int64_t width, __nv_bfloat16* dst, int64_t dst_ld, cudaStream_t stream) {
   if (rows * width == 0) return absl::OkStatus();
-  ScatterRowsKernel<<<Blocks(rows * width), kThreads, 0, stream>>>(src, src_ld, idx, rows, width,
-                                                                   dst, dst_ld);
+  (void)kernels::LaunchPdl(ScatterRowsKernel, dim3(Blocks(rows * width)), dim3(kThreads), 0, stream,
+                           src, src_ld, idx, rows, width, dst, dst_ld);
   return LaunchError("ScatterRows");
 }
 
@@ -127,7 +144,7 @@ absl::Status CopyHeads(const CopyHeadsParams& p, cudaStream_t stream) {
   const int64_t total = p.rows * p.heads * p.dst_width;
   if (total == 0) return absl::OkStatus();
   if (p.width > p.dst_width) return absl::InvalidArgumentError("CopyHeads: width > dst_width");
-  CopyHeadsKernel<<<Blocks(total), kThreads, 0, stream>>>(p);
+  (void)kernels::LaunchPdl(CopyHeadsKernel, dim3(Blocks(total)), dim3(kThreads), 0, stream, p);
   return LaunchError("CopyHeads");
 }
 
@@ -135,9 +152,19 @@ absl::Status MoeCombine(const __nv_bfloat16* expert_out, const int64_t* pos, con
                         int64_t tokens, int64_t top_k, int64_t dim, const __nv_bfloat16* shared,
                         __nv_bfloat16* out, cudaStream_t stream) {
   if (tokens * dim == 0) return absl::OkStatus();
-  MoeCombineKernel<<<Blocks(tokens * dim), kThreads, 0, stream>>>(expert_out, pos, weights, tokens,
-                                                                  top_k, dim, shared, out);
+  (void)kernels::LaunchPdl(MoeCombineKernel, dim3(Blocks(tokens * dim)), dim3(kThreads), 0, stream,
+                           expert_out, pos, weights, tokens, top_k, dim, shared, out);
   return LaunchError("MoeCombine");
+}
+
+absl::Status TransposeBatched(const __nv_bfloat16* src, int64_t src_batch_stride, int64_t batch,
+                              int64_t rows, int64_t cols, __nv_bfloat16* dst,
+                              cudaStream_t stream) {
+  const int64_t total = batch * rows * cols;
+  if (total == 0) return absl::OkStatus();
+  TransposeBatchedKernel<<<Blocks(total), kThreads, 0, stream>>>(src, src_batch_stride, batch, rows,
+                                                                 cols, dst);
+  return LaunchError("TransposeBatched");
 }
 
 absl::Status FillRandomBf16(__nv_bfloat16* dst, int64_t n, int kind, float stddev, uint64_t seed,

@@ -1,0 +1,48 @@
+#include "compute_nodes/backend/cuda/decode_graph.h"
+
+#include "common/cuda/cuda_status.h"
+
+namespace strata::cuda {
+
+void DecodeGraphs::Clear() {
+  for (auto& [key, exec] : graphs_) (void)cudaGraphExecDestroy(exec);
+  graphs_.clear();
+}
+
+absl::Status DecodeGraphs::Run(const DecodeGraphKey& key, cudaStream_t stream,
+                               const std::function<absl::Status()>& enqueue) {
+  if (auto it = graphs_.find(key); it != graphs_.end()) {
+    ++replays_;
+    CUDA_RETURN_IF_ERROR(cudaGraphLaunch(it->second, stream));
+    return absl::OkStatus();
+  }
+  // Graphs of older buffer addresses can never be replayed again; a bounded cache otherwise.
+  for (auto it = graphs_.begin(); it != graphs_.end();) {
+    if (it->first.grows != key.grows || graphs_.size() >= kMaxGraphs) {
+      (void)cudaGraphExecDestroy(it->second);
+      it = graphs_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  const absl::Status enqueued = enqueue();
+  cudaGraph_t graph = nullptr;
+  const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
+  if (!enqueued.ok() || ended != cudaSuccess) {
+    if (graph != nullptr) (void)cudaGraphDestroy(graph);
+    (void)cudaGetLastError();  // a failed capture leaves its error behind
+    if (!enqueued.ok()) return enqueued;
+    return CudaStatus(ended, "cudaStreamEndCapture (decode step)");
+  }
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t made = cudaGraphInstantiate(&exec, graph, 0);
+  (void)cudaGraphDestroy(graph);
+  CUDA_RETURN_IF_ERROR(made);
+  graphs_[key] = exec;
+  ++captures_;
+  CUDA_RETURN_IF_ERROR(cudaGraphLaunch(exec, stream));
+  return absl::OkStatus();
+}
+
+}  // namespace strata::cuda

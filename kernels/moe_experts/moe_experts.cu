@@ -1,0 +1,290 @@
+// Grouped expert GEMMs for decode-sized token counts (see moe_experts.h).
+//
+// Layout of one CTA's work: 32 weight rows of one expert (gate_up: 16 gate rows and the 16 up rows
+// of the same features; down: 32 output rows), the whole reduction dimension split over 8 warps in
+// steps of 64 elements. Per step each lane loads two 16-byte vectors of 4 weight rows (rows g and
+// g + 8 of both 16-row tiles, g = lane / 4) and the same k range of its token row g.
+//
+// The k order inside a 32-element block is free in a dot product, so the 16-byte vectors feed
+// mma.m16n8k16 without any shuffle: lane (g, c = lane % 4) holds physical k = 8c..8c+7 of its rows;
+// the first mma takes k 8c+{0,1} as the fragment's logical 2c+{0,1} and 8c+{2,3} as 2c+8+{0,1},
+// the second mma 8c+{4..7} likewise, and the token operand (same lane, same physical k) lines up
+// with it. Accumulators are reduced over the warps in shared memory in a fixed order.
+#include <algorithm>
+#include <string>
+
+#include "kernels/common/sm80_ptx.cuh"
+#include "kernels/moe_experts/moe_experts.h"
+#include "kernels/common/pdl.cuh"
+
+namespace strata::kernels {
+namespace {
+
+constexpr int kWarps = 8;
+constexpr int kThreads = kWarps * 32;
+constexpr int kStepK = 64;  // 4 lanes x 2 vectors x 8 elements
+
+__device__ __forceinline__ uint4 LoadStream(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+template <int kNT, bool kGateUp>
+__global__ void __launch_bounds__(kThreads, 2) MoeExpertsKernel(MoeExpertsParams p) {
+  __shared__ float red[kWarps][2][kNT][4][32];
+  PdlGridSync();
+  int e = 0, count = p.num_tokens, first = 0;
+  if (!p.identity) {
+    if (static_cast<int>(blockIdx.y) >= *p.num_active) return;
+    e = p.active[blockIdx.y];
+    count = p.expert_count[e];
+    first = p.expert_offset[e];
+  }
+  const int k_dim = kGateUp ? p.hidden : p.inter;
+  const int rows = kGateUp ? p.inter : p.hidden;
+  const int row0 = blockIdx.x * (kGateUp ? 16 : 32);
+  const __nv_bfloat16* w =
+      kGateUp || p.down == nullptr
+          ? p.weights + static_cast<int64_t>(e) * p.expert_stride +
+                (kGateUp ? 0 : 2 * static_cast<int64_t>(p.inter) * p.hidden)
+          : p.down + static_cast<int64_t>(e) * p.expert_stride +
+                blockIdx.z * p.batch_stride_w;
+  const __nv_bfloat16* down_in =
+      (p.down_in != nullptr ? p.down_in : p.act) + blockIdx.z * p.batch_stride_in;
+  const int64_t ld_in = p.ld_down_in != 0 ? p.ld_down_in : p.inter;
+  const int64_t ld_out = p.ld_out != 0 ? p.ld_out : p.hidden;
+  const int64_t out_base = blockIdx.z * p.batch_stride_out;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
+
+  const uint4* wrow[2][2];
+  bool wok[2][2];
+#pragma unroll
+  for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = row0 + (kGateUp ? 0 : 16 * mt) + g + 8 * h;
+      wok[mt][h] = r < rows;
+      const int64_t phys = kGateUp ? static_cast<int64_t>(mt) * p.inter + r : r;
+      wrow[mt][h] = reinterpret_cast<const uint4*>(w + (wok[mt][h] ? phys : 0) * k_dim);
+    }
+  }
+  const int num_steps = (k_dim + kStepK - 1) / kStepK;
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+
+  for (int chunk = 0; chunk < count; chunk += 8 * kNT) {
+    const int left = count - chunk;
+    const int tiles = min(kNT, (left + 7) / 8);
+    const uint4* xrow[kNT];
+    bool xok[kNT];
+#pragma unroll
+    for (int nt = 0; nt < kNT; ++nt) {
+      const int t = nt * 8 + g;
+      xok[nt] = t < left;
+      const int slot = first + chunk + (xok[nt] ? t : 0);
+      if (kGateUp) {
+        const int64_t token = p.identity ? slot : p.slot_token[slot];
+        xrow[nt] = reinterpret_cast<const uint4*>(p.x + token * p.ld_x);
+      } else {
+        xrow[nt] = reinterpret_cast<const uint4*>(down_in + slot * ld_in);
+      }
+    }
+    float acc[2][kNT][4];
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[mt][nt][i] = 0.f;
+      }
+    }
+    for (int s = warp; s < num_steps; s += kWarps) {
+      uint4 wv[2][2][2], xv[kNT][2];
+#pragma unroll
+      for (int v = 0; v < 2; ++v) {
+        const int idx = s * (kStepK / 8) + 4 * v + c;
+        const bool in_k = idx * 8 < k_dim;
+#pragma unroll
+        for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            wv[mt][h][v] = wok[mt][h] && in_k ? LoadStream(wrow[mt][h] + idx) : zero;
+          }
+        }
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) {
+          xv[nt][v] = nt < tiles && xok[nt] && in_k ? xrow[nt][idx] : zero;
+        }
+      }
+#pragma unroll
+      for (int v = 0; v < 2; ++v) {
+#pragma unroll
+        for (int nt = 0; nt < kNT; ++nt) {
+          if (nt >= tiles) continue;
+#pragma unroll
+          for (int mt = 0; mt < 2; ++mt) {
+            const uint32_t a0[4] = {wv[mt][0][v].x, wv[mt][1][v].x, wv[mt][0][v].y,
+                                    wv[mt][1][v].y};
+            Mma(acc[mt][nt], a0, xv[nt][v].x, xv[nt][v].y);
+            const uint32_t a1[4] = {wv[mt][0][v].z, wv[mt][1][v].z, wv[mt][0][v].w,
+                                    wv[mt][1][v].w};
+            Mma(acc[mt][nt], a1, xv[nt][v].z, xv[nt][v].w);
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+      for (int nt = 0; nt < kNT; ++nt) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) red[warp][mt][nt][i][lane] = acc[mt][nt][i];
+      }
+    }
+    __syncthreads();
+    // Fragment element i of lane l: row l / 4 + 8 (i / 2), token 2 (l % 4) + i % 2.
+    for (int idx = threadIdx.x; idx < kNT * 4 * 32; idx += kThreads) {
+      const int nt = idx / 128, i = (idx / 32) % 4, l = idx % 32;
+      const int row = l / 4 + 8 * (i / 2);
+      const int t = nt * 8 + 2 * (l % 4) + i % 2;
+      if (t >= left) continue;
+      float v0 = 0.f, v1 = 0.f;
+#pragma unroll
+      for (int ww = 0; ww < kWarps; ++ww) {
+        v0 += red[ww][0][nt][i][l];
+        v1 += red[ww][1][nt][i][l];
+      }
+      const int64_t slot = first + chunk + t;
+      if (kGateUp) {
+        const int f = row0 + row;
+        if (f < rows) {
+          const float gate = __bfloat162float(__float2bfloat16_rn(v0));
+          const float up = __bfloat162float(__float2bfloat16_rn(v1));
+          p.act[slot * p.inter + f] = __float2bfloat16_rn(gate / (1.f + expf(-gate)) * up);
+        }
+      } else {
+        const int r = row0 + row;
+        const int64_t o = out_base + slot * ld_out + r;
+        if (p.out_f32 != nullptr) {
+          if (r < rows) p.out_f32[o] = v0;
+          if (r + 16 < rows) p.out_f32[o + 16] = v1;
+        } else {
+          if (r < rows) p.out[o] = __float2bfloat16_rn(v0);
+          if (r + 16 < rows) p.out[o + 16] = __float2bfloat16_rn(v1);
+        }
+      }
+    }
+    __syncthreads();
+  }
+}
+
+absl::Status Invalid(const std::string& what) {
+  return absl::InvalidArgumentError("LaunchMoeExperts: " + what);
+}
+bool Misaligned(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 != 0; }
+
+template <int kNT>
+absl::Status Launch(const MoeExpertsParams& p, cudaStream_t stream, bool gate_up = true) {
+  cudaError_t err = cudaSuccess;
+  if (gate_up) {
+    const dim3 grid_gu((p.inter + 15) / 16, p.max_active);
+    (void)LaunchPdl(MoeExpertsKernel<kNT, true>, grid_gu, dim3(kThreads), 0, stream, p);
+    err = cudaGetLastError();
+  }
+  if (err == cudaSuccess) {
+    const dim3 grid_down((p.hidden + 31) / 32, p.max_active, p.batch);
+    (void)LaunchPdl(MoeExpertsKernel<kNT, false>, grid_down, dim3(kThreads), 0, stream, p);
+    err = cudaGetLastError();
+  }
+  if (err != cudaSuccess) {
+    return absl::InternalError(std::string("LaunchMoeExperts: ") + cudaGetErrorString(err));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateMoeExpertsParams(const MoeExpertsParams& p) {
+  if (p.num_tokens < 0) return Invalid("num_tokens must be >= 0");
+  if (p.num_experts <= 0) return Invalid("num_experts must be > 0");
+  if (p.max_active < 0 || p.max_active > p.num_experts || p.max_active > 65535) {
+    return Invalid("max_active must be in 0..min(num_experts, 65535)");
+  }
+  if (p.hidden <= 0 || p.hidden % 8 != 0 || p.inter <= 0 || p.inter % 8 != 0) {
+    return Invalid("hidden and inter must be positive multiples of 8");
+  }
+  if (p.token_tiles != 1 && p.token_tiles != 2) return Invalid("token_tiles must be 1 or 2");
+  if (p.ld_x < p.hidden || p.ld_x % 8 != 0) return Invalid("ld_x must be >= hidden, multiple of 8");
+  if (p.batch != 1) return Invalid("batch > 1 is for LaunchSkinnyGemm only");
+  if (p.identity) {
+    if (p.max_active != 1) return Invalid("identity needs max_active 1");
+  } else {
+    const int64_t held = (p.down == nullptr ? 3 : 2) * static_cast<int64_t>(p.inter) * p.hidden;
+    if (p.expert_stride < held || p.expert_stride % 8 != 0) {
+      return Invalid("expert_stride must hold an expert's weights and be a multiple of 8");
+    }
+    if (p.expert_count == nullptr || p.expert_offset == nullptr || p.active == nullptr ||
+        p.num_active == nullptr || p.slot_token == nullptr) {
+      return Invalid("the alignment arrays must be set");
+    }
+  }
+  if (p.x == nullptr || p.weights == nullptr || p.act == nullptr || p.out == nullptr) {
+    return Invalid("x, weights, act and out must be set");
+  }
+  if (Misaligned(p.x) || Misaligned(p.weights) || Misaligned(p.act) || Misaligned(p.out) ||
+      Misaligned(p.down)) {
+    return Invalid("x, weights, down, act and out must be 16-byte aligned");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LaunchMoeExperts(const MoeExpertsParams& params, cudaStream_t stream) {
+  if (absl::Status st = ValidateMoeExpertsParams(params); !st.ok()) return st;
+  if (params.num_tokens == 0 || params.max_active == 0) return absl::OkStatus();
+  return params.token_tiles == 1 ? Launch<1>(params, stream) : Launch<2>(params, stream);
+}
+
+absl::Status LaunchSkinnyGemm(const SkinnyGemmParams& g, cudaStream_t stream) {
+  if (g.tokens < 0 || g.n_out <= 0 || g.k <= 0 || g.k % 8 != 0 || g.batch <= 0 ||
+      g.batch > 65535) {
+    return absl::InvalidArgumentError(
+        "LaunchSkinnyGemm: tokens >= 0, n_out > 0, k a positive multiple of 8, batch 1..65535");
+  }
+  const int64_t ld_x = g.ld_x != 0 ? g.ld_x : g.k, ld_out = g.ld_out != 0 ? g.ld_out : g.n_out;
+  if (ld_x < g.k || ld_x % 8 != 0 || ld_out < g.n_out || g.batch_stride_x % 8 != 0 ||
+      g.batch_stride_w % 8 != 0) {
+    return absl::InvalidArgumentError(
+        "LaunchSkinnyGemm: ld_x >= k and x/w strides multiples of 8, ld_out >= n_out");
+  }
+  if (g.x == nullptr || g.w == nullptr || (g.out == nullptr) == (g.out_f32 == nullptr) ||
+      Misaligned(g.x) || Misaligned(g.w)) {
+    return absl::InvalidArgumentError(
+        "LaunchSkinnyGemm: x and w set and 16-byte aligned, exactly one of out and out_f32");
+  }
+  if (g.tokens == 0) return absl::OkStatus();
+  // The down kernel of one identity-routed expert: hidden = n_out rows, inter = k.
+  MoeExpertsParams p;
+  p.num_tokens = g.tokens;
+  p.num_experts = 1;
+  p.max_active = 1;
+  p.hidden = g.n_out;
+  p.inter = g.k;
+  p.identity = true;
+  p.weights = g.w;
+  p.down = g.w;
+  p.down_in = g.x;
+  p.ld_down_in = ld_x;
+  p.out = g.out;
+  p.out_f32 = g.out_f32;
+  p.ld_out = ld_out;
+  p.batch = g.batch;
+  p.batch_stride_w = g.batch_stride_w;
+  p.batch_stride_in = g.batch_stride_x;
+  p.batch_stride_out = g.batch_stride_out;
+  return g.tokens <= 8 ? Launch<1>(p, stream, /*gate_up=*/false)
+                       : Launch<2>(p, stream, /*gate_up=*/false);
+}
+
+}  // namespace strata::kernels
