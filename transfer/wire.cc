@@ -308,9 +308,12 @@ absl::Status SendFd(int fd, int fd_to_send, const void* data, size_t size) {
     c->cmsg_len = CMSG_LEN(sizeof(int));
     std::memcpy(CMSG_DATA(c), &fd_to_send, sizeof(int));
   }
-  if (sendmsg(fd, &msg, MSG_NOSIGNAL) != static_cast<ssize_t>(size)) {
-    return IoError(errno, "sendmsg(SCM_RIGHTS)");
-  }
+  ssize_t sent;
+  do {
+    sent = sendmsg(fd, &msg, MSG_NOSIGNAL);
+  } while (sent < 0 && errno == EINTR);  // a signal before anything was sent: nothing consumed
+  if (sent < 0) return IoError(errno, "sendmsg(SCM_RIGHTS)");
+  if (static_cast<size_t>(sent) != size) return absl::UnavailableError("short sendmsg(SCM_RIGHTS)");
   return absl::OkStatus();
 }
 
@@ -322,7 +325,10 @@ absl::StatusOr<int> RecvFd(int fd, void* data, size_t size) {
   msg.msg_iovlen = 1;
   msg.msg_control = control;
   msg.msg_controllen = sizeof(control);
-  const ssize_t got = recvmsg(fd, &msg, MSG_WAITALL | MSG_CMSG_CLOEXEC);
+  ssize_t got;
+  do {
+    got = recvmsg(fd, &msg, MSG_WAITALL | MSG_CMSG_CLOEXEC);
+  } while (got < 0 && errno == EINTR);  // a signal before anything arrived: nothing consumed
   if (got == 0) return absl::UnavailableError("connection closed by peer");
   if (got < 0) return IoError(errno, "recvmsg(SCM_RIGHTS)");
   if (static_cast<size_t>(got) != size) return absl::UnavailableError("short recvmsg");

@@ -2,10 +2,17 @@
 # Device run of gpu_suite_stage.sh: logs and JSON under $OUT, everything under one deadline.
 cd "$(dirname "$0")"
 start=$(date +%s)
-left() { echo $(( ${DEADLINE:-400} - ($(date +%s) - start) )); }
+left() { echo $(( ${DEADLINE:-560} - ($(date +%s) - start) )); }
 source ./libpath.sh
 stage_libpath strata --help || exit 3
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader; date -u
+
+for t in ./kernels_*_test; do
+  timeout 60 $t > $OUT/kernels.log.tmp 2>&1
+  echo "$(basename $t) rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' $OUT/kernels.log.tmp | tr '\n' ' ')"
+  cat $OUT/kernels.log.tmp >> $OUT/kernels_tests.log
+done
+rm -f $OUT/kernels.log.tmp
 
 timeout 150 ./compute_nodes_cuda_engine_test > $OUT/cuda_engine_test.log 2>&1
 echo "cuda_engine_test rc=$? at $(( $(date +%s) - start )) s"
@@ -41,4 +48,8 @@ if [ -n "$port" ]; then
 fi
 kill $wpid 2>/dev/null; wait $wpid 2>/dev/null
 for f in gen_cpu gen_cuda gen_worker; do echo "== $f"; tail -3 $OUT/$f.txt 2>/dev/null; done
+timeout $(( $(left) < 150 ? $(left) : 150 )) ./strata bench decode --json $OUT/bench_decode.json \
+  --batch 1,16,64 --context 1024 --steps 20 > $OUT/bench_decode.log 2>&1
+echo "bench decode rc=$? at $(( $(date +%s) - start )) s"
+grep -E "ratio|batch" $OUT/bench_decode.log | tail -8
 echo "done at $(( $(date +%s) - start )) s"

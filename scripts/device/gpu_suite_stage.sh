@@ -1,7 +1,8 @@
 #!/bin/bash
-# Stages every `gpu`-labelled check of main for one device call: the CUDA backend test, the cuda
-# transport test and bench, and `strata worker --backend cuda` serving a generate call
-# (gpu_suite_run.sh), built here for sm_90a, into <checkout>/.devwork/<name>/; then call
+# Stages every `gpu`-labelled check of main for one device call: the kernel tests, the CUDA
+# backend test, the cuda transport test and bench, `strata worker --backend cuda` serving a
+# generate call, and the decode-step bench (gpu_suite_run.sh), built here for sm_90a, into
+# <checkout>/.devwork/<name>/; then call
 #   run(command="bash .devwork/<name>/run.sh", carry=[".devwork/<name>"])
 # Usage: scripts/device/gpu_suite_stage.sh BUILD_DIR CHECKOUT [NAME=gpu]
 set -euo pipefail
@@ -11,6 +12,6 @@ rm -rf "$dest"
 source "$(dirname "$0")/bundle.sh"
 bundle_binaries "$dest" "$build/cli/strata" \
   "$build/tests/compute_nodes/compute_nodes_cuda_engine_test" \
-  "$build/tests/transfer/transfer_cuda_test"
+  "$build/tests/transfer/transfer_cuda_test" "$build"/tests/kernels/kernels_*_test
 cp "$(dirname "$0")/gpu_suite_run.sh" "$dest/run.sh"
 du -sh "$dest"
