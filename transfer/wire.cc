@@ -12,6 +12,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -43,13 +44,18 @@ absl::Status ConnectWithTimeout(int fd, const sockaddr* addr, socklen_t len, abs
   const int flags = fcntl(fd, F_GETFL, 0);
   fcntl(fd, F_SETFL, flags | O_NONBLOCK);
   int rc = connect(fd, addr, len);
-  if (rc != 0 && errno != EINPROGRESS) {
+  // EINTR: the connection goes on being set up in the background, as with EINPROGRESS.
+  if (rc != 0 && errno != EINPROGRESS && errno != EINTR) {
     return absl::UnavailableError(StrCat("connecting to ", what, ": ", strerror(errno)));
   }
   if (rc != 0) {
     pollfd p{fd, POLLOUT, 0};
-    const int ms = static_cast<int>(absl::ToInt64Milliseconds(timeout));
-    rc = poll(&p, 1, ms);
+    const absl::Time deadline = absl::Now() + timeout;
+    do {
+      const int ms =
+          static_cast<int>(std::max<int64_t>(0, absl::ToInt64Milliseconds(deadline - absl::Now())));
+      rc = poll(&p, 1, ms);
+    } while (rc < 0 && errno == EINTR);
     if (rc == 0) return absl::UnavailableError(StrCat("connecting to ", what, ": timed out"));
     int err = 0;
     socklen_t elen = sizeof(err);

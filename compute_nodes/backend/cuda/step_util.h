@@ -23,24 +23,27 @@
 
 namespace strata::cuda {
 
-// A device buffer that grows on demand (cudaFree synchronizes, so no work in flight uses it).
-// Every reallocation increments *grows (when set): device addresses captured in a graph change.
-class Buf {
+// Memory that grows on demand: device memory (cudaMalloc; cudaFree synchronizes, so no work in
+// flight uses it) or pinned host memory (cudaHostAlloc: device -> host copies at full link
+// speed). Every reallocation increments *grows (when set): device addresses captured in a graph
+// change.
+template <bool kPinnedHost>
+class GrowingBuffer {
  public:
-  explicit Buf(int64_t* grows = nullptr) : grows_(grows) {}
-  Buf(const Buf&) = delete;
-  Buf& operator=(const Buf&) = delete;
-  ~Buf() {
-    if (p_ != nullptr) (void)cudaFree(p_);
-  }
+  explicit GrowingBuffer(int64_t* grows = nullptr) : grows_(grows) {}
+  GrowingBuffer(const GrowingBuffer&) = delete;
+  GrowingBuffer& operator=(const GrowingBuffer&) = delete;
+  ~GrowingBuffer() { Release(); }
   absl::Status Ensure(size_t bytes) {
     if (bytes <= bytes_) return absl::OkStatus();
-    if (p_ != nullptr) (void)cudaFree(p_);
-    p_ = nullptr;
-    bytes_ = 0;
+    Release();
     if (grows_ != nullptr) ++*grows_;
-    bytes = std::max<size_t>(bytes + bytes / 4, 256);
-    CUDA_RETURN_IF_ERROR(cudaMalloc(&p_, bytes));
+    bytes = std::max<size_t>(bytes + bytes / 4, kPinnedHost ? 4096 : 256);
+    if constexpr (kPinnedHost) {
+      CUDA_RETURN_IF_ERROR(cudaHostAlloc(&p_, bytes, 0));
+    } else {
+      CUDA_RETURN_IF_ERROR(cudaMalloc(&p_, bytes));
+    }
     bytes_ = bytes;
     return absl::OkStatus();
   }
@@ -50,39 +53,17 @@ class Buf {
   }
 
  private:
+  void Release() {
+    if (p_ != nullptr) (void)(kPinnedHost ? cudaFreeHost(p_) : cudaFree(p_));
+    p_ = nullptr;
+    bytes_ = 0;
+  }
   int64_t* grows_;
   void* p_ = nullptr;
   size_t bytes_ = 0;
 };
-
-// Pinned host memory that grows on demand (device -> host copies at full link speed).
-class PinnedBuf {
- public:
-  PinnedBuf() = default;
-  PinnedBuf(const PinnedBuf&) = delete;
-  PinnedBuf& operator=(const PinnedBuf&) = delete;
-  ~PinnedBuf() {
-    if (p_ != nullptr) (void)cudaFreeHost(p_);
-  }
-  absl::Status Ensure(size_t bytes) {
-    if (bytes <= bytes_) return absl::OkStatus();
-    if (p_ != nullptr) (void)cudaFreeHost(p_);
-    p_ = nullptr;
-    bytes_ = 0;
-    bytes = std::max<size_t>(bytes + bytes / 4, 4096);
-    CUDA_RETURN_IF_ERROR(cudaHostAlloc(&p_, bytes, 0));
-    bytes_ = bytes;
-    return absl::OkStatus();
-  }
-  template <typename T>
-  T* as() const {
-    return static_cast<T*>(p_);
-  }
-
- private:
-  void* p_ = nullptr;
-  size_t bytes_ = 0;
-};
+using Buf = GrowingBuffer<false>;
+using PinnedBuf = GrowingBuffer<true>;
 
 // Pinned host staging for small per-call arrays, copied to one device buffer in one transfer.
 // The device buffer keeps its address while the staged size fits (graphs read it in place).
