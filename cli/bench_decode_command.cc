@@ -100,72 +100,83 @@ void Run(const Args& a) {
   report["hbm_bytes_per_second"] = kHbmBytesPerSecond;
   report["ratios"] = nlohmann::json::object();
   std::mt19937 rng(1);
-  std::cout << fmt::format("{:>6} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>8} {:>6}\n",
-                           "batch", "step ms", "gpu ms", "tok/s", "weights GB", "kv GB",
+  std::cout << fmt::format("{:>6} {:>7} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>8} {:>6}\n",
+                           "batch", "output", "step ms", "gpu ms", "tok/s", "weights GB", "kv GB",
                            "floor ms", "ratio", "graph");
+  // Each batch size twice: the step returning every sequence's logits to the host (what a
+  // sampler with a temperature needs), and returning only the greedy tokens, picked on the GPU
+  // (SequenceInput::greedy_only, what a temperature-0 request asks for).
   for (int64_t b : batches) {
-    std::vector<runtime::PageTable> pages(b);
-    for (auto& p : pages) {
-      if (auto st = runtime::EnsureCapacity(engine->kv_pool(), p, a.context + a.steps + 3);
-          !st.ok()) {
-        Fail(1, st.ToString());
+    for (const bool greedy : {false, true}) {
+      std::vector<runtime::PageTable> pages(b);
+      for (auto& p : pages) {
+        if (auto st = runtime::EnsureCapacity(engine->kv_pool(), p, a.context + a.steps + 3);
+            !st.ok()) {
+          Fail(1, st.ToString());
+        }
       }
+      std::vector<int32_t> tokens(b);
+      std::vector<double> ms, gpu_ms, enqueue_ms, copy_ms, output_ms;
+      cuda::StepStats stats;
+      std::vector<runtime::SequenceOutput> out;  // reused across steps, as a serving loop does
+      for (int64_t step = 0; step < a.steps + 3; ++step) {
+        std::vector<runtime::SequenceInput> batch(b);
+        for (int64_t s = 0; s < b; ++s) {
+          tokens[s] = static_cast<int32_t>(rng() % c.vocab_size);
+          batch[s] = {std::span<const int32_t>(&tokens[s], 1), a.context + step, &pages[s], false,
+                      runtime::AttentionForm::kAbsorbed};
+          batch[s].greedy_only = greedy;
+        }
+        const auto s0 = std::chrono::steady_clock::now();
+        if (auto st = engine->Forward(batch, &out); !st.ok()) Fail(1, st.ToString());
+        const double t =
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s0)
+                .count();
+        if (step >= 3) {
+          ms.push_back(t);
+          stats = engine->last_step();
+          gpu_ms.push_back(stats.device_ms);
+          enqueue_ms.push_back(stats.host_enqueue_ms);
+          copy_ms.push_back(stats.logits_copy_ms);
+          output_ms.push_back(stats.host_output_ms);
+        }
+      }
+      for (auto& p : pages) runtime::ReleasePages(engine->kv_pool(), p);
+      std::sort(ms.begin(), ms.end());
+      auto median = [](std::vector<double> v) {
+        std::sort(v.begin(), v.end());
+        return v[v.size() / 2];
+      };
+      const double med = ms[ms.size() / 2];
+      const double gpu_med = median(gpu_ms);
+      const double bytes = static_cast<double>(stats.weight_bytes + stats.kv_bytes);
+      const double floor_ms = bytes / kHbmBytesPerSecond * 1e3;
+      const double ratio = floor_ms / med;
+      std::cout << fmt::format(
+          "{:>6} {:>7} {:>10.3f} {:>10.3f} {:>10.0f} {:>10.3f} {:>10.3f} {:>10.3f} {:>8.3f} "
+          "{:>6}\n",
+          b, greedy ? "greedy" : "logits", med, gpu_med, b / med * 1e3, stats.weight_bytes / 1e9,
+          stats.kv_bytes / 1e9, floor_ms, ratio, stats.graphed ? "yes" : "no");
+      std::cout << fmt::format(
+          "       (host enqueue {:.3f} ms, to pinned {:.3f} ms, into vectors "
+          "{:.3f} ms; medians)\n",
+          median(enqueue_ms), median(copy_ms), median(output_ms));
+      report["points"].push_back({{"batch", b},
+                                  {"output", greedy ? "greedy" : "logits"},
+                                  {"step_ms_median", med},
+                                  {"step_ms_min", ms.front()},
+                                  {"gpu_ms_median", gpu_med},
+                                  {"graphed", stats.graphed},
+                                  {"host_enqueue_ms_median", median(enqueue_ms)},
+                                  {"logits_copy_ms_median", median(copy_ms)},
+                                  {"host_output_ms_median", median(output_ms)},
+                                  {"tokens_per_second", b / med * 1e3},
+                                  {"weight_bytes", stats.weight_bytes},
+                                  {"kv_bytes", stats.kv_bytes},
+                                  {"floor_ms", floor_ms}});
+      report["ratios"]
+            [StrCat(greedy ? "decode_step_greedy" : "decode_step", "_vs_hbm_floor_b", b)] = ratio;
     }
-    std::vector<int32_t> tokens(b);
-    std::vector<double> ms, gpu_ms, enqueue_ms, copy_ms, output_ms;
-    cuda::StepStats stats;
-    std::vector<runtime::SequenceOutput> out;  // reused across steps, as a serving loop does
-    for (int64_t step = 0; step < a.steps + 3; ++step) {
-      std::vector<runtime::SequenceInput> batch(b);
-      for (int64_t s = 0; s < b; ++s) {
-        tokens[s] = static_cast<int32_t>(rng() % c.vocab_size);
-        batch[s] = {std::span<const int32_t>(&tokens[s], 1), a.context + step, &pages[s], false,
-                    runtime::AttentionForm::kAbsorbed};
-      }
-      const auto s0 = std::chrono::steady_clock::now();
-      if (auto st = engine->Forward(batch, &out); !st.ok()) Fail(1, st.ToString());
-      const double t =
-          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s0).count();
-      if (step >= 3) {
-        ms.push_back(t);
-        stats = engine->last_step();
-        gpu_ms.push_back(stats.device_ms);
-        enqueue_ms.push_back(stats.host_enqueue_ms);
-        copy_ms.push_back(stats.logits_copy_ms);
-        output_ms.push_back(stats.host_output_ms);
-      }
-    }
-    for (auto& p : pages) runtime::ReleasePages(engine->kv_pool(), p);
-    std::sort(ms.begin(), ms.end());
-    auto median = [](std::vector<double> v) {
-      std::sort(v.begin(), v.end());
-      return v[v.size() / 2];
-    };
-    const double med = ms[ms.size() / 2];
-    const double gpu_med = median(gpu_ms);
-    const double bytes = static_cast<double>(stats.weight_bytes + stats.kv_bytes);
-    const double floor_ms = bytes / kHbmBytesPerSecond * 1e3;
-    const double ratio = floor_ms / med;
-    std::cout << fmt::format(
-        "{:>6} {:>10.3f} {:>10.3f} {:>10.0f} {:>10.3f} {:>10.3f} {:>10.3f} {:>8.3f} {:>6}\n", b, med,
-        gpu_med, b / med * 1e3, stats.weight_bytes / 1e9, stats.kv_bytes / 1e9, floor_ms, ratio,
-        stats.graphed ? "yes" : "no");
-    std::cout << fmt::format("       (host enqueue {:.3f} ms, logits to pinned {:.3f} ms, into vectors "
-                             "{:.3f} ms; medians)\n",
-                             median(enqueue_ms), median(copy_ms), median(output_ms));
-    report["points"].push_back({{"batch", b},
-                                {"step_ms_median", med},
-                                {"step_ms_min", ms.front()},
-                                {"gpu_ms_median", gpu_med},
-                                {"graphed", stats.graphed},
-                                {"host_enqueue_ms_median", median(enqueue_ms)},
-                                {"logits_copy_ms_median", median(copy_ms)},
-                                {"host_output_ms_median", median(output_ms)},
-                                {"tokens_per_second", b / med * 1e3},
-                                {"weight_bytes", stats.weight_bytes},
-                                {"kv_bytes", stats.kv_bytes},
-                                {"floor_ms", floor_ms}});
-    report["ratios"][fmt::format("decode_step_vs_hbm_floor_b{}", b)] = ratio;
   }
   if (!a.json.empty()) {
     std::ofstream f(a.json);

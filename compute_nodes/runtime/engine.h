@@ -35,12 +35,21 @@ struct SequenceInput {
   // calls Engine::ForgetSequence when the pages' earlier positions change (swap-out) or the
   // sequence ends, and never reuses an id.
   uint64_t sequence_id = 0;
+  // The caller needs only the greedy token (the first maximum of the last row, as a temperature-0
+  // Sampler picks it), not the logits: the engine sets SequenceOutput::greedy_token and may leave
+  // `logits` empty (the CUDA backend then picks it on the GPU and copies no logits back).
+  bool greedy_only = false;
 };
 
 struct SequenceOutput {
   int64_t rows = 0;           // tokens.size() or 1
-  std::vector<float> logits;  // [rows][vocab]
+  std::vector<float> logits;  // [rows][vocab]; may be empty for a greedy_only input
+  int32_t greedy_token = -1;  // greedy_only inputs: the first maximum of the last row
 };
+
+// For engines that return every logit: sets greedy_token of the greedy_only outputs from them.
+void SetGreedyTokens(std::span<const SequenceInput> batch, int64_t vocab,
+                     std::vector<SequenceOutput>* outputs);
 
 class Engine {
  public:

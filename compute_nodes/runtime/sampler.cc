@@ -4,17 +4,29 @@
 #include <cmath>
 #include <numeric>
 
+#include "compute_nodes/runtime/engine.h"
+
 namespace strata::runtime {
 
+void SetGreedyTokens(std::span<const SequenceInput> batch, int64_t vocab,
+                     std::vector<SequenceOutput>* outputs) {
+  for (size_t s = 0; s < batch.size(); ++s) {
+    SequenceOutput& out = (*outputs)[s];
+    if (!batch[s].greedy_only || out.rows == 0) continue;
+    const auto last = out.logits.begin() + (out.rows - 1) * vocab;
+    out.greedy_token = static_cast<int32_t>(std::max_element(last, last + vocab) - last);
+  }
+}
+
 void Sampler::SkipOne() {
-  if (params_.temperature <= 0.0f || params_.top_k == 1) return;  // greedy draws nothing
+  if (greedy()) return;  // greedy draws nothing
   std::uniform_real_distribution<double> u(0.0, 1.0);
   u(rng_);
 }
 
 int32_t Sampler::Sample(std::span<const float> logits) {
   const int64_t v = static_cast<int64_t>(logits.size());
-  if (params_.temperature <= 0.0f || params_.top_k == 1) {
+  if (greedy()) {
     // Greedy: the first maximum, as torch.argmax.
     return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
   }

@@ -29,6 +29,9 @@ class Sampler {
  public:
   explicit Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {}
   int32_t Sample(std::span<const float> logits);
+  // Sample() picks the first maximum and draws nothing from the random stream (temperature 0 or
+  // top_k 1): an engine's greedy token (SequenceInput::greedy_only) is the same choice.
+  bool greedy() const { return params_.temperature <= 0.0f || params_.top_k == 1; }
   // Advances the random stream exactly as one Sample() would, without sampling: a decode worker
   // continuing a sequence whose first token was drawn elsewhere (the prefill worker) stays on the
   // same stream as a single worker would.

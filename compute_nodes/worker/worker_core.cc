@@ -373,8 +373,8 @@ void WorkerCore::AfterPrefill(const SeqPtr& seq, const std::vector<float>& logit
   }
 }
 
-void WorkerCore::AfterDecode(const SeqPtr& seq, const std::vector<float>& logits) {
-  const int32_t next = seq->sampler.Sample(logits);
+void WorkerCore::AfterDecode(const SeqPtr& seq, const runtime::SequenceOutput& out) {
+  const int32_t next = out.greedy_token >= 0 ? out.greedy_token : seq->sampler.Sample(out.logits);
   seq->tokens.push_back(next);
   Metrics().generated.Increment();
   EmitTokens(seq, {&seq->tokens.back(), 1});
@@ -447,8 +447,10 @@ bool WorkerCore::Step() {
 
   std::vector<runtime::SequenceInput> inputs;
   for (const SeqPtr& s : decode) {
-    inputs.push_back(
-        {{&s->tokens.back(), 1}, s->kv_len, &s->pages, false, runtime::AttentionForm::kAbsorbed});
+    runtime::SequenceInput in{
+        {&s->tokens.back(), 1}, s->kv_len, &s->pages, false, runtime::AttentionForm::kAbsorbed};
+    in.greedy_only = s->sampler.greedy();  // the engine may pick it without returning logits
+    inputs.push_back(in);
   }
   for (size_t i = 0; i < prefill.size(); ++i) {
     const SeqPtr& s = prefill[i];
@@ -473,7 +475,7 @@ bool WorkerCore::Step() {
   int64_t prefill_tokens = 0;
   for (size_t i = 0; i < decode.size(); ++i) {
     decode[i]->kv_len += 1;
-    AfterDecode(decode[i], outputs[i].logits);
+    AfterDecode(decode[i], outputs[i]);
   }
   for (size_t i = 0; i < prefill.size(); ++i) {
     const SeqPtr& s = prefill[i];

@@ -98,7 +98,7 @@ class WorkerCore {
   void ExtendKeys(Sequence& seq, int64_t blocks) const;
   void EmitTokens(const SeqPtr& seq, std::span<const int32_t> tokens);
   void AfterPrefill(const SeqPtr& seq, const std::vector<float>& logits);
-  void AfterDecode(const SeqPtr& seq, const std::vector<float>& logits);
+  void AfterDecode(const SeqPtr& seq, const runtime::SequenceOutput& out);
   int64_t PagesFor(int64_t tokens) const;
   // Recomputes load_ (and the gauges) from the queues and the pool. Loop thread, mu_ held.
   void RefreshLoadLocked(size_t decode_batch);

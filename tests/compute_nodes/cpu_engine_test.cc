@@ -201,6 +201,30 @@ TEST(CpuEngineTest, BatchedDecodeEqualsOneAtATime) {
   }
 }
 
+// greedy_only on the CPU engine: the logits still come back, and greedy_token is the first
+// maximum of the last row (what a temperature-0 Sampler picks); other outputs keep -1.
+TEST(CpuEngineTest, GreedyOnlyGivesTheFirstMaximumOfTheLastRow) {
+  auto w = Tiny();
+  cpu::CpuEngine e(w, 16);
+  const std::vector<int32_t> a = Ids(20, 3), b = Ids(7, 4);
+  PageTable pa, pb;
+  ASSERT_TRUE(runtime::EnsureCapacity(e.kv_pool(), pa, a.size()).ok());
+  ASSERT_TRUE(runtime::EnsureCapacity(e.kv_pool(), pb, b.size()).ok());
+  std::vector<SequenceInput> batch = {{a, 0, &pa, true, AttentionForm::kMha},
+                                      {b, 0, &pb, false, AttentionForm::kMha}};
+  batch[0].greedy_only = true;
+  std::vector<SequenceOutput> out;
+  ASSERT_TRUE(e.Forward(batch, &out).ok());
+  const int64_t vocab = w->config.vocab_size;
+  ASSERT_EQ(out[0].logits.size(), a.size() * vocab);
+  const auto last = out[0].logits.end() - vocab;
+  EXPECT_EQ(out[0].greedy_token, std::max_element(last, out[0].logits.end()) - last);
+  runtime::Sampler greedy_sampler({});
+  EXPECT_TRUE(greedy_sampler.greedy());
+  EXPECT_EQ(out[0].greedy_token, greedy_sampler.Sample({&*last, static_cast<size_t>(vocab)}));
+  EXPECT_EQ(out[1].greedy_token, -1);
+}
+
 // With a bf16 pool, a prefix restored from a bf16 block payload is bit-identical to the prefix
 // computed in place, so the logits of what follows are equal, not just close.
 TEST(CpuEngineTest, Bf16PoolRestoresAPrefixExactly) {

@@ -226,8 +226,7 @@ TEST_P(CudaEngineTest, CachedPrefixImport) {
   ASSERT_TRUE(runtime::EnsureCapacity(e.gpu->kv_pool(), full, 64 + kSuffix).ok());
   auto ref = Fwd(*e.gpu, {SequenceInput{ids, 0, &full, true, AttentionForm::kMha}});
   ASSERT_TRUE(ref.ok()) << ref.status();
-  std::vector<float> ref_suffix(ref->at(0).logits.end() - kSuffix * vocab,
-                                ref->at(0).logits.end());
+  std::vector<float> ref_suffix(ref->at(0).logits.end() - kSuffix * vocab, ref->at(0).logits.end());
   for (int source = 0; source < 2; ++source) {
     runtime::Engine& from = source == 0 ? static_cast<runtime::Engine&>(*e.gpu) : *e.cpu;
     PageTable pre;
@@ -303,8 +302,8 @@ TEST_P(CudaEngineTest, DecodeGraphAndMoePathsMatchEager) {
     for (int step = 0; step < 5; ++step) {
       std::vector<SequenceInput> batch;
       for (int i = 0; i < 3; ++i) {
-        batch.push_back({std::span<const int32_t>(ids[i]).subspan(ctx[i] + step, 1),
-                         ctx[i] + step, &pages[k][i], false, AttentionForm::kAbsorbed});
+        batch.push_back({std::span<const int32_t>(ids[i]).subspan(ctx[i] + step, 1), ctx[i] + step,
+                         &pages[k][i], false, AttentionForm::kAbsorbed});
       }
       auto out = Fwd(*engines[k], batch);
       ASSERT_TRUE(out.ok()) << out.status();
@@ -345,6 +344,54 @@ TEST_P(CudaEngineTest, DecodeGraphAndMoePathsMatchEager) {
     ASSERT_TRUE(out.ok()) << out.status();
     EXPECT_FALSE(plain.gpu->last_step().graphed);
     for (auto& o : *out) EXPECT_EQ(o.logits, logits[0][row++]) << "step " << step;
+  }
+}
+
+// greedy_only: when every sequence asks for it the token is picked on the GPU and no logits come
+// back; it is the first maximum of the logits the same step returns without it (the same decode
+// step run twice at one position writes the same KV, so both runs see the same logits). With
+// only some sequences asking, all get logits and the greedy ones their token from them.
+TEST_P(CudaEngineTest, GreedyOnlyIsTheFirstMaximumOfTheLogits) {
+  Engines e = Open(GetParam());
+  ASSERT_NE(e.gpu, nullptr);
+  const int64_t vocab = e.cpu->config().vocab_size;
+  const int64_t ctx[3] = {40, 9, 65};
+  PageTable pages[3];
+  std::vector<int32_t> ids[3];
+  std::vector<SequenceInput> prefill;
+  for (int i = 0; i < 3; ++i) {
+    ids[i] = Ids(static_cast<int>(ctx[i]) + 4, 30 + i);
+    ASSERT_TRUE(runtime::EnsureCapacity(e.gpu->kv_pool(), pages[i], ctx[i] + 4).ok());
+    prefill.push_back(
+        {std::span<const int32_t>(ids[i]).first(ctx[i]), 0, &pages[i], false, AttentionForm::kMha});
+  }
+  ASSERT_TRUE(Fwd(*e.gpu, prefill).ok());
+  for (int step = 0; step < 3; ++step) {
+    auto batch_of = [&](std::vector<bool> greedy) {
+      std::vector<SequenceInput> batch;
+      for (int i = 0; i < 3; ++i) {
+        batch.push_back({std::span<const int32_t>(ids[i]).subspan(ctx[i] + step, 1), ctx[i] + step,
+                         &pages[i], false, AttentionForm::kAbsorbed});
+        batch.back().greedy_only = greedy[i];
+      }
+      return batch;
+    };
+    auto with_logits = Fwd(*e.gpu, batch_of({false, false, false}));
+    ASSERT_TRUE(with_logits.ok()) << with_logits.status();
+    auto greedy = Fwd(*e.gpu, batch_of({true, true, true}));
+    ASSERT_TRUE(greedy.ok()) << greedy.status();
+    auto mixed = Fwd(*e.gpu, batch_of({true, false, true}));
+    ASSERT_TRUE(mixed.ok()) << mixed.status();
+    for (int i = 0; i < 3; ++i) {
+      const std::vector<float>& l = (*with_logits)[i].logits;
+      ASSERT_EQ(l.size(), static_cast<size_t>(vocab));
+      const int32_t argmax = static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
+      EXPECT_EQ((*with_logits)[i].greedy_token, -1);
+      EXPECT_TRUE((*greedy)[i].logits.empty());
+      EXPECT_EQ((*greedy)[i].greedy_token, argmax) << "step " << step << " seq " << i;
+      EXPECT_EQ((*mixed)[i].logits, l) << "step " << step << " seq " << i;
+      EXPECT_EQ((*mixed)[i].greedy_token, i == 1 ? -1 : argmax) << "step " << step << " seq " << i;
+    }
   }
 }
 
