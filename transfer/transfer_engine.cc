@@ -302,9 +302,12 @@ std::shared_ptr<Batch> TransferEngine::Submit(Peer& peer, std::vector<TransferOp
   batch->lengths_.resize(n);
   const absl::Time deadline = absl::Now() + options.timeout;
   auto checks = std::make_shared<std::vector<BatchCompleter::Check>>(n);
-  // Transports that verify reads in transit (shm while copying; cuda, whose local buffers may be
-  // device memory this host code cannot hash) spare the batch a second pass over the bytes.
-  const bool host_checks = !static_cast<PeerImpl&>(peer).capabilities().verifies_read_checksums;
+  // Transports that verify reads in transit (shm while copying, tcp as bytes arrive) spare the
+  // batch a second pass over the bytes. One that moves device memory is never hashed here, even
+  // behind the fault decorator: its local buffers may be device addresses this host code cannot
+  // read (the cuda transport checks where the bytes are).
+  const TransportCapabilities& caps = static_cast<PeerImpl&>(peer).capabilities();
+  const bool host_checks = !caps.verifies_read_checksums && !caps.device_memory;
   std::vector<TransferRequest> requests;
   std::vector<size_t> request_index;  // requests[j] is ops[request_index[j]]
   std::vector<std::pair<size_t, absl::Status>> failed;
