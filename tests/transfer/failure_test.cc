@@ -4,6 +4,10 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
 #include "tests/transfer/peer_fixture.h"
 #include "transfer/transfer_engine.h"
 
@@ -20,6 +24,29 @@ std::unique_ptr<TransferEngine> Engine(TransportKind kind,
       {.host_id = "local", .secret = ClusterSecret(std::move(secret)), .force_transport = kind});
   EXPECT_TRUE(engine.ok()) << engine.status();
   return engine.ok() ? *std::move(engine) : nullptr;
+}
+
+// Waits until every thread of `pid` is in the stopped state ('T' in /proc/<pid>/task/*/stat):
+// kill(SIGSTOP) returns before a thread that is running takes the stop, and such a thread could
+// still answer a request sent right after.
+bool WaitUntilStopped(pid_t pid) {
+  const std::string dir = "/proc/" + std::to_string(pid) + "/task";
+  for (int attempt = 0; attempt < 500; ++attempt) {
+    bool all = true;
+    for (const auto& task : std::filesystem::directory_iterator(dir)) {
+      std::ifstream stat(task.path() / "stat");
+      std::string line;
+      std::getline(stat, line);
+      const size_t paren = line.rfind(')');
+      if (paren == std::string::npos || paren + 2 >= line.size() || line[paren + 2] != 'T') {
+        all = false;
+        break;
+      }
+    }
+    if (all) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
 }
 
 std::vector<TransferOp> Reads(std::vector<std::vector<uint8_t>>& bufs, int n, uint64_t len) {
@@ -70,6 +97,7 @@ TEST(PeerFailureTest, FrozenPeerTimesOutThenRecoversWithCorrectData) {
   auto peer = engine->OpenPeer(proc->spec());
   ASSERT_TRUE(peer.ok()) << peer.status();
   proc->Signal(SIGSTOP);
+  ASSERT_TRUE(WaitUntilStopped(proc->pid())) << "the peer did not stop";
   std::vector<std::vector<uint8_t>> bufs;
   const absl::Time start = absl::Now();
   auto batch =
