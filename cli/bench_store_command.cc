@@ -265,6 +265,10 @@ void RegisterBenchStoreCommand(CLI::App& app) {
     int ops = 64;
     int batch = 8;
     int rounds = 5;
+    std::vector<std::string> transports = {"shm", "tcp"};
+    bool redis = true;
+    int tcp_connections = 4;
+    int tcp_threads = 4;
     std::string dir;
     std::string json;
   };
@@ -279,6 +283,14 @@ void RegisterBenchStoreCommand(CLI::App& app) {
   cmd->add_option("--rounds", f->rounds,
                   "Rounds of every case; each ratio is the median of the rounds' ratios")
       ->check(CLI::Range(1, 100));
+  cmd->add_option("--transports", f->transports, "Transports to measure the store over")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"shm", "tcp"}));
+  cmd->add_option("--tcp-connections", f->tcp_connections, "tcp connections per client")
+      ->check(CLI::Range(1, 64));
+  cmd->add_option("--tcp-threads", f->tcp_threads, "tcp receiving threads per client")
+      ->check(CLI::Range(1, 64));
+  cmd->add_option("--redis", f->redis, "Measure Redis side by side (the *_vs_redis ratios)");
   cmd->add_option("--dir", f->dir, "Where the SSD tier lives (default: a temp dir)");
   cmd->add_option("--json", f->json, "Write results and `ratios` to this file");
   cmd->callback([f] {
@@ -331,7 +343,8 @@ void RegisterBenchStoreCommand(CLI::App& app) {
 
     // Redis 7, persistence off, loopback.
     const int redis_port = FreePort();
-    const pid_t redis = fork();
+    const pid_t redis = f->redis ? fork() : -1;
+    if (f->redis && redis < 0) Fail(1, StrCat("bench store: fork: ", std::strerror(errno)));
     if (redis == 0) {
       // Ends with the bench, also when the bench fails (exit() runs no destructors here).
       prctl(PR_SET_PDEATHSIG, SIGTERM);
@@ -341,7 +354,7 @@ void RegisterBenchStoreCommand(CLI::App& app) {
              "--proto-max-bulk-len", "1gb", (char*)nullptr);
       _exit(127);
     }
-    for (int i = 0; i < 100 && !Redis(redis_port).ok(); ++i) {
+    for (int i = 0; f->redis && i < 100 && !Redis(redis_port).ok(); ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
 
@@ -349,12 +362,15 @@ void RegisterBenchStoreCommand(CLI::App& app) {
     int ns_serial = 0;
     for (int round = 0; round < f->rounds; ++round) {
       for (const uint64_t size : sizes) {
-        for (const auto kind : {transfer::TransportKind::kShm, transfer::TransportKind::kTcp}) {
-          const std::string tname(transfer::TransportKindName(kind));
+        for (const std::string& tname : f->transports) {
+          const auto kind =
+              tname == "shm" ? transfer::TransportKind::kShm : transfer::TransportKind::kTcp;
           auto engine =
               transfer::TransferEngine::Create({.host_id = "bench-host",
                                                 .secret = transfer::ClusterSecret("bench"),
                                                 .force_transport = kind,
+                                                .tcp_connections_per_peer = f->tcp_connections,
+                                                .tcp_threads_per_peer = f->tcp_threads,
                                                 .enable_rdma = false});
           if (!engine.ok()) Fail(1, StrCat("engine: ", engine.status().message()));
           auto peer = (*engine)->OpenPeer(spec);
@@ -521,6 +537,7 @@ void RegisterBenchStoreCommand(CLI::App& app) {
           v1::EvictResponse eresp;
           (void)server.store().Evict(ev, &eresp);
         }
+        if (!f->redis) continue;
         // Redis, same sizes, clients and batching (pipelined SET/GET).
         std::vector<std::unique_ptr<Redis>> conns;
         for (int c = 0; c < f->clients; ++c) conns.push_back(std::make_unique<Redis>(redis_port));
@@ -568,8 +585,10 @@ void RegisterBenchStoreCommand(CLI::App& app) {
         }
       }
     }
-    kill(redis, SIGTERM);
-    waitpid(redis, nullptr, 0);
+    if (redis > 0) {
+      kill(redis, SIGTERM);
+      waitpid(redis, nullptr, 0);
+    }
     server.Shutdown();
 
     // The best figure of a system for a case (Redis is measured unbatched and pipelined) in one
@@ -628,7 +647,9 @@ void RegisterBenchStoreCommand(CLI::App& app) {
     // neighbour on this shared machine (or a lucky moment of the disk) moves it little.
     for (int round = 0; round < f->rounds; ++round) j["ratio_rounds"].push_back(ratios(round));
     const nlohmann::json names = ratios(-1);
-    for (const auto& [name, unused] : names.items()) {
+    j["ratios"] = nlohmann::json::object();
+    for (const auto& [name, all_rounds] : names.items()) {
+      if (all_rounds.get<double>() == 0) continue;  // a side not measured (--transports, --redis)
       std::vector<double> per_round;
       for (const auto& r : j["ratio_rounds"]) per_round.push_back(r[name].get<double>());
       std::sort(per_round.begin(), per_round.end());

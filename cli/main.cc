@@ -2,10 +2,14 @@
 #include <CLI/CLI.hpp>
 #include <iostream>
 
+#include "absl/synchronization/mutex.h"
 #include "cli/commands.h"
 #include "common/build_info.h"
 
 int main(int argc, char** argv) {
+  // Debian's Abseil is built with deadlock detection on (a debug aid): every absl::Mutex lock,
+  // and gRPC takes many per call, would update a lock-order graph. Off, as in release Abseil.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   CLI::App app{"Strata: a KV-cache-centric, disaggregated LLM serving system", "strata"};
   app.set_version_flag("--version,-V", std::string("strata ") + strata::kVersion);
   app.require_subcommand(1);

@@ -34,6 +34,8 @@ void TransferSection::Register(ConfigSchema& schema) {
                  "have a device, else tcp");
   schema.AddInt("transfer.tcp.connections_per_peer", &tcp_connections_per_peer,
                 "TCP connections the tcp transport opens to each peer", 1, 64);
+  schema.AddInt("transfer.tcp.threads_per_peer", &tcp_threads_per_peer,
+                "Receiving threads per peer, each owning a share of the connections", 1, 64);
   schema.AddBool("transfer.rdma.enable", &rdma_enable,
                  "Use RDMA (ibverbs) when this host has an active RDMA port");
   schema.AddInt("transfer.rdma.qps_per_peer", &rdma_qps_per_peer,
@@ -57,6 +59,7 @@ absl::StatusOr<transfer::EngineOptions> TransferSection::ToEngineOptions(
     o.force_transport = *kind;
   }
   o.tcp_connections_per_peer = static_cast<int>(tcp_connections_per_peer);
+  o.tcp_threads_per_peer = static_cast<int>(tcp_threads_per_peer);
   o.enable_rdma = rdma_enable;
   o.rdma_qps_per_peer = static_cast<int>(rdma_qps_per_peer);
   o.enable_cuda = cuda_enable;

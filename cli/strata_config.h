@@ -130,6 +130,7 @@ struct UpSection {
 struct TransferSection {
   std::string transport = "auto";  // auto | shm | tcp | rdma | cuda
   int64_t tcp_connections_per_peer = 4;
+  int64_t tcp_threads_per_peer = 4;
   bool rdma_enable = true;
   int64_t rdma_qps_per_peer = 4;
   bool cuda_enable = true;

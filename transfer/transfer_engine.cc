@@ -188,7 +188,9 @@ absl::StatusOr<std::unique_ptr<TransferEngine>> TransferEngine::Create(EngineOpt
   };
   impl.shm = wrap(std::make_unique<ShmTransport>(ShmTransportOptions{.secret = o.secret}));
   impl.tcp = wrap(std::make_unique<TcpTransport>(
-      TcpTransportOptions{.secret = o.secret, .connections_per_peer = o.tcp_connections_per_peer}));
+      TcpTransportOptions{.secret = o.secret,
+                          .connections_per_peer = o.tcp_connections_per_peer,
+                          .threads_per_peer = o.tcp_threads_per_peer}));
   if (o.enable_rdma) {
     auto ctx = o.rdma_context ? o.rdma_context() : rdma::OpenIbvContext();
     if (ctx.ok()) {

@@ -111,6 +111,7 @@ struct EngineOptions {
   // Use this transport for every peer (config `transfer.transport`); unset: choose per peer.
   std::optional<TransportKind> force_transport;
   int tcp_connections_per_peer = 4;
+  int tcp_threads_per_peer = 4;  // receiving loop threads per peer (at most the connections)
   bool enable_rdma = true;  // try rdma when the build and the host have it
   int rdma_qps_per_peer = 4;
   // The RDMA device; unset: rdma::OpenIbvContext() (the host's first active port). Tests pass

@@ -67,5 +67,30 @@ TEST(BenchStoreTest, EveryCaseRunsAndRatiosAreTheMediansOfTheRounds) {
       << "a redis-server is still running after the bench";
 }
 
+TEST(BenchStoreTest, TransportsAndRedisCanBeLeftOutAndTheirRatiosWithThem) {
+  const std::string json =
+      ::testing::TempDir() + "/bench-store-tcp-" + std::to_string(getpid()) + ".json";
+  const auto r = RunCommand(StrataBinaryPath() +
+                            " bench store --sizes 64KiB --clients 2 --ops 8 --batch 4 --rounds 1"
+                            " --transports tcp --redis false --tcp-connections 3"
+                            " --tcp-threads 2 --json " +
+                            json);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::ifstream in(json);
+  ASSERT_TRUE(in.good()) << "no JSON written\n" << r.output;
+  const nlohmann::json j = nlohmann::json::parse(in);
+  std::set<std::string> systems, transports;
+  for (const auto& res : j["results"]) {
+    systems.insert(res["system"].get<std::string>());
+    transports.insert(res["transport"].get<std::string>());
+  }
+  EXPECT_EQ(systems, (std::set<std::string>{"strata", "raw_odirect"}));
+  EXPECT_EQ(transports, (std::set<std::string>{"tcp", "-"}));
+  // Only what was measured has a ratio: no Redis, and the SSD ratio is taken over shm.
+  EXPECT_TRUE(j["ratios"].empty()) << j["ratios"].dump();
+  // A transport the bench does not know is refused before anything runs.
+  EXPECT_NE(RunCommand(StrataBinaryPath() + " bench store --transports udp").exit_code, 0);
+}
+
 }  // namespace
 }  // namespace strata

@@ -24,6 +24,7 @@ TEST(TransferConfigTest, DefaultsChooseTheTransportPerPeer) {
   EXPECT_EQ(o->host_id, "host-a");
   EXPECT_EQ(o->secret.key(), "k");
   EXPECT_EQ(o->tcp_connections_per_peer, 4);
+  EXPECT_EQ(o->tcp_threads_per_peer, 4);
   EXPECT_TRUE(o->enable_rdma);
   EXPECT_EQ(o->rdma_qps_per_peer, 4);
   EXPECT_TRUE(o->enable_cuda);
@@ -35,13 +36,14 @@ TEST(TransferConfigTest, EveryKeyReachesTheEngineOptions) {
   StrataConfig config;
   auto o = Load(
       {"transfer.transport=tcp", "transfer.tcp.connections_per_peer=2",
-       "transfer.rdma.enable=false", "transfer.rdma.qps_per_peer=8", "transfer.cuda.enable=false",
+       "transfer.tcp.threads_per_peer=3", "transfer.rdma.enable=false", "transfer.rdma.qps_per_peer=8", "transfer.cuda.enable=false",
        "transfer.connect_timeout=750ms", "transfer.request_timeout=3s"},
       &config);
   ASSERT_TRUE(o.ok()) << o.status();
   ASSERT_TRUE(o->force_transport.has_value());
   EXPECT_EQ(*o->force_transport, transfer::TransportKind::kTcp);
   EXPECT_EQ(o->tcp_connections_per_peer, 2);
+  EXPECT_EQ(o->tcp_threads_per_peer, 3);
   EXPECT_FALSE(o->enable_rdma);
   EXPECT_EQ(o->rdma_qps_per_peer, 8);
   EXPECT_FALSE(o->enable_cuda);

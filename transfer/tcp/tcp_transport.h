@@ -1,11 +1,14 @@
 // The tcp transport: requests framed as in transfer/wire.h over several TCP connections per peer.
 //
-// Client side (TcpTransport / its channels): one epoll loop thread per channel owns the
-// connections; Submit() queues requests and wakes it through an eventfd. A request goes to the
-// connection with the fewest bytes outstanding; the loop gathers queued frames into one sendmsg
-// (header, segment name, capability and — for writes — the caller's buffer itself, so payloads
-// are never copied in user space) and receives read payloads straight into the caller's buffer.
-// Large transfers stream: partial sends and receives continue where they stopped.
+// Client side (TcpTransport / its channels): a channel to a peer has `threads_per_peer` lanes,
+// each an epoll loop thread that owns its share of the `connections_per_peer` connections, so
+// receiving runs on several cores. Submit() hands each request to the first lane with less than
+// 512 KiB outstanding (else the least loaded one), so light traffic keeps to one thread and bulk
+// traffic spreads, queues it there and wakes the lane through an eventfd. Within a lane a request
+// goes to the connection with the fewest bytes outstanding; the loop gathers queued frames into one
+// sendmsg (header, segment name, capability and — for writes — the caller's buffer itself, so
+// payloads are never copied in user space) and receives read payloads straight into the caller's
+// buffer. Large transfers stream: partial sends and receives continue where they stopped.
 //
 // Deadlines: the loop checks them every few milliseconds. A queued request is dropped; a request
 // whose response has not arrived completes with DeadlineExceeded and its late response is read
@@ -30,6 +33,7 @@ namespace strata::transfer {
 struct TcpTransportOptions {
   ClusterSecret secret;
   int connections_per_peer = 4;
+  int threads_per_peer = 4;  // loop threads (lanes) per peer; at most connections_per_peer
   int socket_buffer_bytes = 4 << 20;
 };
 
