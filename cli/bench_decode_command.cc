@@ -103,11 +103,17 @@ void Run(const Args& a) {
   std::cout << fmt::format("{:>6} {:>7} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>8} {:>6}\n",
                            "batch", "output", "step ms", "gpu ms", "tok/s", "weights GB", "kv GB",
                            "floor ms", "ratio", "graph");
-  // Each batch size twice: the step returning every sequence's logits to the host (what a
-  // sampler with a temperature needs), and returning only the greedy tokens, picked on the GPU
-  // (SequenceInput::greedy_only, what a temperature-0 request asks for).
+  // Each batch size three ways: the step returning every sequence's logits to the host (a
+  // sampler on the host), and returning only the tokens, picked on the GPU from each sequence's
+  // draw (SequenceInput::draw): greedy (temperature 0) and sampled (temperature 0.7, top-p 0.95,
+  // the sampling kernel's sort + scan).
+  enum class Output { kLogits, kGreedy, kSampled };
+  std::uniform_real_distribution<double> unit(0.0, 1.0);
   for (int64_t b : batches) {
-    for (const bool greedy : {false, true}) {
+    for (const Output output : {Output::kLogits, Output::kGreedy, Output::kSampled}) {
+      const char* name = output == Output::kLogits   ? "logits"
+                         : output == Output::kGreedy ? "greedy"
+                                                     : "sampled";
       std::vector<runtime::PageTable> pages(b);
       for (auto& p : pages) {
         if (auto st = runtime::EnsureCapacity(engine->kv_pool(), p, a.context + a.steps + 3);
@@ -125,7 +131,11 @@ void Run(const Args& a) {
           tokens[s] = static_cast<int32_t>(rng() % c.vocab_size);
           batch[s] = {std::span<const int32_t>(&tokens[s], 1), a.context + step, &pages[s], false,
                       runtime::AttentionForm::kAbsorbed};
-          batch[s].greedy_only = greedy;
+          if (output == Output::kGreedy) batch[s].draw = runtime::TokenDraw{};
+          if (output == Output::kSampled) {
+            batch[s].draw =
+                runtime::TokenDraw{.temperature = 0.7f, .top_p = 0.95f, .uniform = unit(rng)};
+          }
         }
         const auto s0 = std::chrono::steady_clock::now();
         if (auto st = engine->Forward(batch, &out); !st.ok()) Fail(1, st.ToString());
@@ -141,6 +151,19 @@ void Run(const Args& a) {
           output_ms.push_back(stats.host_output_ms);
         }
       }
+      // What sampling the returned logits on the host would add to a step (temperature 0.7,
+      // top-p 0.95 with the CPU rule, one thread, as the worker does without draws).
+      double host_sample_ms = 0;
+      if (output == Output::kLogits) {
+        const auto h0 = std::chrono::steady_clock::now();
+        for (const runtime::SequenceOutput& o : out) {
+          (void)runtime::PickToken({.temperature = 0.7f, .top_p = 0.95f, .uniform = unit(rng)},
+                                   o.logits);
+        }
+        host_sample_ms =
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - h0)
+                .count();
+      }
       for (auto& p : pages) runtime::ReleasePages(engine->kv_pool(), p);
       std::sort(ms.begin(), ms.end());
       auto median = [](std::vector<double> v) {
@@ -155,14 +178,17 @@ void Run(const Args& a) {
       std::cout << fmt::format(
           "{:>6} {:>7} {:>10.3f} {:>10.3f} {:>10.0f} {:>10.3f} {:>10.3f} {:>10.3f} {:>8.3f} "
           "{:>6}\n",
-          b, greedy ? "greedy" : "logits", med, gpu_med, b / med * 1e3, stats.weight_bytes / 1e9,
-          stats.kv_bytes / 1e9, floor_ms, ratio, stats.graphed ? "yes" : "no");
+          b, name, med, gpu_med, b / med * 1e3, stats.weight_bytes / 1e9, stats.kv_bytes / 1e9,
+          floor_ms, ratio, stats.graphed ? "yes" : "no");
       std::cout << fmt::format(
           "       (host enqueue {:.3f} ms, to pinned {:.3f} ms, into vectors "
-          "{:.3f} ms; medians)\n",
-          median(enqueue_ms), median(copy_ms), median(output_ms));
+          "{:.3f} ms; medians){}\n",
+          median(enqueue_ms), median(copy_ms), median(output_ms),
+          output == Output::kLogits
+              ? fmt::format("; sampling these logits on the host: {:.1f} ms", host_sample_ms)
+              : "");
       report["points"].push_back({{"batch", b},
-                                  {"output", greedy ? "greedy" : "logits"},
+                                  {"output", name},
                                   {"step_ms_median", med},
                                   {"step_ms_min", ms.front()},
                                   {"gpu_ms_median", gpu_med},
@@ -170,12 +196,14 @@ void Run(const Args& a) {
                                   {"host_enqueue_ms_median", median(enqueue_ms)},
                                   {"logits_copy_ms_median", median(copy_ms)},
                                   {"host_output_ms_median", median(output_ms)},
+                                  {"host_sample_ms", host_sample_ms},
                                   {"tokens_per_second", b / med * 1e3},
                                   {"weight_bytes", stats.weight_bytes},
                                   {"kv_bytes", stats.kv_bytes},
                                   {"floor_ms", floor_ms}});
       report["ratios"]
-            [StrCat(greedy ? "decode_step_greedy" : "decode_step", "_vs_hbm_floor_b", b)] = ratio;
+            [StrCat(output == Output::kLogits ? "decode_step" : StrCat("decode_step_", name),
+                    "_vs_hbm_floor_b", b)] = ratio;
     }
   }
   if (!a.json.empty()) {

@@ -9,12 +9,14 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "compute_nodes/model/model_config.h"
 #include "compute_nodes/runtime/kv_pool.h"
+#include "compute_nodes/runtime/sampler.h"
 
 namespace strata::runtime {
 
@@ -35,21 +37,21 @@ struct SequenceInput {
   // calls Engine::ForgetSequence when the pages' earlier positions change (swap-out) or the
   // sequence ends, and never reuses an id.
   uint64_t sequence_id = 0;
-  // The caller needs only the greedy token (the first maximum of the last row, as a temperature-0
-  // Sampler picks it), not the logits: the engine sets SequenceOutput::greedy_token and may leave
-  // `logits` empty (the CUDA backend then picks it on the GPU and copies no logits back).
-  bool greedy_only = false;
+  // Set: the caller needs only the token this draw picks from the last row (PickToken), not the
+  // logits. The engine sets SequenceOutput::token and may leave `logits` empty: the CUDA backend
+  // then picks every token on the GPU and copies back 4 bytes per row instead of the logits.
+  std::optional<TokenDraw> draw;
 };
 
 struct SequenceOutput {
   int64_t rows = 0;           // tokens.size() or 1
-  std::vector<float> logits;  // [rows][vocab]; may be empty for a greedy_only input
-  int32_t greedy_token = -1;  // greedy_only inputs: the first maximum of the last row
+  std::vector<float> logits;  // [rows][vocab]; may be empty for an input with a draw
+  int32_t token = -1;         // inputs with a draw: PickToken(draw, last row)
 };
 
-// For engines that return every logit: sets greedy_token of the greedy_only outputs from them.
-void SetGreedyTokens(std::span<const SequenceInput> batch, int64_t vocab,
-                     std::vector<SequenceOutput>* outputs);
+// For engines that return every logit: sets `token` of the outputs whose input has a draw.
+void SetDrawnTokens(std::span<const SequenceInput> batch, int64_t vocab,
+                    std::vector<SequenceOutput>* outputs);
 
 class Engine {
  public:

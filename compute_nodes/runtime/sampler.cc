@@ -8,31 +8,36 @@
 
 namespace strata::runtime {
 
-void SetGreedyTokens(std::span<const SequenceInput> batch, int64_t vocab,
-                     std::vector<SequenceOutput>* outputs) {
+void SetDrawnTokens(std::span<const SequenceInput> batch, int64_t vocab,
+                    std::vector<SequenceOutput>* outputs) {
   for (size_t s = 0; s < batch.size(); ++s) {
     SequenceOutput& out = (*outputs)[s];
-    if (!batch[s].greedy_only || out.rows == 0) continue;
-    const auto last = out.logits.begin() + (out.rows - 1) * vocab;
-    out.greedy_token = static_cast<int32_t>(std::max_element(last, last + vocab) - last);
+    if (!batch[s].draw || out.rows == 0) continue;
+    const float* last = out.logits.data() + (out.rows - 1) * vocab;
+    out.token = PickToken(*batch[s].draw, {last, static_cast<size_t>(vocab)});
   }
 }
 
-void Sampler::SkipOne() {
-  if (greedy()) return;  // greedy draws nothing
-  std::uniform_real_distribution<double> u(0.0, 1.0);
-  u(rng_);
+TokenDraw Sampler::Draw() {
+  TokenDraw d{.temperature = params_.temperature, .top_k = params_.top_k, .top_p = params_.top_p};
+  // One draw per sampled token. uniform_real_distribution(0, 1) then × mass is bit for bit what
+  // uniform_real_distribution(0, mass) returns (g × (mass − 0) + 0), the stream of earlier
+  // versions.
+  if (!d.greedy()) d.uniform = std::uniform_real_distribution<double>(0.0, 1.0)(rng_);
+  return d;
 }
 
-int32_t Sampler::Sample(std::span<const float> logits) {
+void Sampler::SkipOne() { (void)Draw(); }
+
+int32_t PickToken(const TokenDraw& draw, std::span<const float> logits) {
   const int64_t v = static_cast<int64_t>(logits.size());
-  if (greedy()) {
+  if (draw.greedy()) {
     // Greedy: the first maximum, as torch.argmax.
     return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
   }
   std::vector<int32_t> idx(v);
   std::iota(idx.begin(), idx.end(), 0);
-  int64_t k = params_.top_k > 0 ? std::min(params_.top_k, v) : v;
+  int64_t k = draw.top_k > 0 ? std::min(draw.top_k, v) : v;
   std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int32_t a, int32_t b) {
     return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
   });
@@ -41,16 +46,16 @@ int32_t Sampler::Sample(std::span<const float> logits) {
   const double mx = logits[idx[0]];
   double sum = 0;
   for (int64_t i = 0; i < k; ++i) {
-    p[i] = std::exp((logits[idx[i]] - mx) / params_.temperature);
+    p[i] = std::exp((logits[idx[i]] - mx) / draw.temperature);
     sum += p[i];
   }
   // top-p: the smallest prefix (by probability) whose mass reaches top_p; always >= 1 token.
   int64_t keep = k;
-  if (params_.top_p < 1.0f) {
+  if (draw.top_p < 1.0f) {
     double mass = 0;
     for (int64_t i = 0; i < k; ++i) {
       mass += p[i] / sum;
-      if (mass >= params_.top_p) {
+      if (mass >= draw.top_p) {
         keep = i + 1;
         break;
       }
@@ -58,8 +63,7 @@ int32_t Sampler::Sample(std::span<const float> logits) {
   }
   double kept = 0;
   for (int64_t i = 0; i < keep; ++i) kept += p[i];
-  std::uniform_real_distribution<double> u(0.0, kept);
-  double x = u(rng_);
+  double x = draw.uniform * kept;
   for (int64_t i = 0; i < keep; ++i) {
     x -= p[i];
     if (x < 0) return idx[i];

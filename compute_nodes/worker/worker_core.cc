@@ -374,7 +374,12 @@ void WorkerCore::AfterPrefill(const SeqPtr& seq, const std::vector<float>& logit
 }
 
 void WorkerCore::AfterDecode(const SeqPtr& seq, const runtime::SequenceOutput& out) {
-  const int32_t next = out.greedy_token >= 0 ? out.greedy_token : seq->sampler.Sample(out.logits);
+  // The engine picked it with this step's draw (SequenceInput::draw): the stream has advanced.
+  if (out.token < 0) {
+    End(seq, Finish::kError, absl::InternalError("engine returned no token for a decode step"));
+    return;
+  }
+  const int32_t next = out.token;
   seq->tokens.push_back(next);
   Metrics().generated.Increment();
   EmitTokens(seq, {&seq->tokens.back(), 1});
@@ -449,7 +454,7 @@ bool WorkerCore::Step() {
   for (const SeqPtr& s : decode) {
     runtime::SequenceInput in{
         {&s->tokens.back(), 1}, s->kv_len, &s->pages, false, runtime::AttentionForm::kAbsorbed};
-    in.greedy_only = s->sampler.greedy();  // the engine may pick it without returning logits
+    in.draw = s->sampler.Draw();  // the engine picks the token where the logits are
     inputs.push_back(in);
   }
   for (size_t i = 0; i < prefill.size(); ++i) {

@@ -45,11 +45,20 @@ cat /tmp/gpu-suite-ready 2>/dev/null; port=$(sed -n 's/.*grpc=\([0-9]*\).*/\1/p'
 if [ -n "$port" ]; then
   timeout 60 ./strata generate --model $m --prompt-ids $ids --max-tokens 16 --worker 127.0.0.1:$port > $OUT/gen_worker.txt 2>&1
   echo "generate via cuda worker rc=$?"
+  # Sampled (the GPU sampling kernel picks every decode token), twice with one seed: equal.
+  for k in 1 2; do
+    timeout 60 ./strata generate --model $m --prompt-ids $ids --max-tokens 16 --temperature 0.8 \
+      --top-p 0.9 --seed 3 --worker 127.0.0.1:$port > $OUT/gen_worker_sampled$k.txt 2>&1
+    echo "sampled generate via cuda worker rc=$?"
+  done
+  # The token line only (the second line carries timings).
+  [ "$(head -1 $OUT/gen_worker_sampled1.txt)" = "$(head -1 $OUT/gen_worker_sampled2.txt)" ] \
+    && echo "sampled runs equal" || echo "sampled runs DIFFER"
 fi
 kill $wpid 2>/dev/null; wait $wpid 2>/dev/null
-for f in gen_cpu gen_cuda gen_worker; do echo "== $f"; tail -3 $OUT/$f.txt 2>/dev/null; done
+for f in gen_cpu gen_cuda gen_worker gen_worker_sampled1; do echo "== $f"; tail -3 $OUT/$f.txt 2>/dev/null; done
 timeout $(( $(left) < 150 ? $(left) : 150 )) ./strata bench decode --json $OUT/bench_decode.json \
   --batch 1,16,64 --context 1024 --steps 20 > $OUT/bench_decode.log 2>&1
 echo "bench decode rc=$? at $(( $(date +%s) - start )) s"
-grep -E "ratio|batch" $OUT/bench_decode.log | tail -8
+grep -E "ratio|batch|logits|greedy|sampled" $OUT/bench_decode.log | grep -v host | tail -10
 echo "done at $(( $(date +%s) - start )) s"

@@ -201,28 +201,35 @@ TEST(CpuEngineTest, BatchedDecodeEqualsOneAtATime) {
   }
 }
 
-// greedy_only on the CPU engine: the logits still come back, and greedy_token is the first
-// maximum of the last row (what a temperature-0 Sampler picks); other outputs keep -1.
-TEST(CpuEngineTest, GreedyOnlyGivesTheFirstMaximumOfTheLastRow) {
+// Draws on the CPU engine: the logits still come back, and `token` is what the draw picks from
+// the last row (runtime::PickToken, as the sequence's Sampler would); outputs without a draw
+// keep -1.
+TEST(CpuEngineTest, DrawnTokensArePickedFromTheLastRow) {
   auto w = Tiny();
   cpu::CpuEngine e(w, 16);
-  const std::vector<int32_t> a = Ids(20, 3), b = Ids(7, 4);
-  PageTable pa, pb;
+  const std::vector<int32_t> a = Ids(20, 3), b = Ids(7, 4), c = Ids(9, 5);
+  PageTable pa, pb, pc;
   ASSERT_TRUE(runtime::EnsureCapacity(e.kv_pool(), pa, a.size()).ok());
   ASSERT_TRUE(runtime::EnsureCapacity(e.kv_pool(), pb, b.size()).ok());
+  ASSERT_TRUE(runtime::EnsureCapacity(e.kv_pool(), pc, c.size()).ok());
   std::vector<SequenceInput> batch = {{a, 0, &pa, true, AttentionForm::kMha},
-                                      {b, 0, &pb, false, AttentionForm::kMha}};
-  batch[0].greedy_only = true;
+                                      {b, 0, &pb, false, AttentionForm::kMha},
+                                      {c, 0, &pc, false, AttentionForm::kMha}};
+  runtime::Sampler greedy_sampler({});
+  EXPECT_TRUE(greedy_sampler.greedy());
+  batch[0].draw = greedy_sampler.Draw();
+  runtime::Sampler hot({.temperature = 5.0f, .top_p = 0.9f, .seed = 11});
+  batch[2].draw = hot.Draw();
   std::vector<SequenceOutput> out;
   ASSERT_TRUE(e.Forward(batch, &out).ok());
   const int64_t vocab = w->config.vocab_size;
   ASSERT_EQ(out[0].logits.size(), a.size() * vocab);
   const auto last = out[0].logits.end() - vocab;
-  EXPECT_EQ(out[0].greedy_token, std::max_element(last, out[0].logits.end()) - last);
-  runtime::Sampler greedy_sampler({});
-  EXPECT_TRUE(greedy_sampler.greedy());
-  EXPECT_EQ(out[0].greedy_token, greedy_sampler.Sample({&*last, static_cast<size_t>(vocab)}));
-  EXPECT_EQ(out[1].greedy_token, -1);
+  EXPECT_EQ(out[0].token, std::max_element(last, out[0].logits.end()) - last);
+  EXPECT_EQ(out[1].token, -1);
+  // The same stream sampling on the host picks the same token.
+  runtime::Sampler hot_again({.temperature = 5.0f, .top_p = 0.9f, .seed = 11});
+  EXPECT_EQ(out[2].token, hot_again.Sample(out[2].logits));
 }
 
 // With a bf16 pool, a prefix restored from a bf16 block payload is bit-identical to the prefix

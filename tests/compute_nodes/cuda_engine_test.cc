@@ -18,6 +18,8 @@
 #include <algorithm>
 #include <cstdio>
 #include <map>
+#include <optional>
+#include <random>
 
 #include "common/status.h"
 #include "compute_nodes/backend/cpu/cpu_engine.h"
@@ -347,11 +349,13 @@ TEST_P(CudaEngineTest, DecodeGraphAndMoePathsMatchEager) {
   }
 }
 
-// greedy_only: when every sequence asks for it the token is picked on the GPU and no logits come
-// back; it is the first maximum of the logits the same step returns without it (the same decode
-// step run twice at one position writes the same KV, so both runs see the same logits). With
-// only some sequences asking, all get logits and the greedy ones their token from them.
-TEST_P(CudaEngineTest, GreedyOnlyIsTheFirstMaximumOfTheLogits) {
+// Draws: when every sequence brings one its token is picked on the GPU and no logits come back;
+// it is what the draw picks (runtime::PickToken) from the logits the same step returns without
+// draws (the same decode step run twice at one position writes the same KV, so both runs see the
+// same logits). Greedy draws go through the greedy kernel, sampled ones (temperature, top-k,
+// top-p) through the sampling kernel. With only some sequences bringing one, all get logits and
+// those with a draw their token from them.
+TEST_P(CudaEngineTest, DrawnTokensAreWhatTheDrawPicksFromTheLogits) {
   Engines e = Open(GetParam());
   ASSERT_NE(e.gpu, nullptr);
   const int64_t vocab = e.cpu->config().vocab_size;
@@ -366,31 +370,45 @@ TEST_P(CudaEngineTest, GreedyOnlyIsTheFirstMaximumOfTheLogits) {
         {std::span<const int32_t>(ids[i]).first(ctx[i]), 0, &pages[i], false, AttentionForm::kMha});
   }
   ASSERT_TRUE(Fwd(*e.gpu, prefill).ok());
+  std::mt19937_64 rng(5);
+  std::uniform_real_distribution<double> unit(0.0, 1.0);
   for (int step = 0; step < 3; ++step) {
-    auto batch_of = [&](std::vector<bool> greedy) {
+    using Draws = std::vector<std::optional<runtime::TokenDraw>>;
+    auto batch_of = [&](const Draws& draws) {
       std::vector<SequenceInput> batch;
       for (int i = 0; i < 3; ++i) {
         batch.push_back({std::span<const int32_t>(ids[i]).subspan(ctx[i] + step, 1), ctx[i] + step,
                          &pages[i], false, AttentionForm::kAbsorbed});
-        batch.back().greedy_only = greedy[i];
+        batch.back().draw = draws[i];
       }
       return batch;
     };
-    auto with_logits = Fwd(*e.gpu, batch_of({false, false, false}));
+    const runtime::TokenDraw greedy{};
+    const Draws sampled = {
+        runtime::TokenDraw{.temperature = 0.8f, .uniform = unit(rng)},
+        runtime::TokenDraw{.temperature = 1.3f, .top_k = 50, .top_p = 0.9f, .uniform = unit(rng)},
+        greedy};
+    auto with_logits = Fwd(*e.gpu, batch_of({std::nullopt, std::nullopt, std::nullopt}));
     ASSERT_TRUE(with_logits.ok()) << with_logits.status();
-    auto greedy = Fwd(*e.gpu, batch_of({true, true, true}));
-    ASSERT_TRUE(greedy.ok()) << greedy.status();
-    auto mixed = Fwd(*e.gpu, batch_of({true, false, true}));
+    auto all_greedy = Fwd(*e.gpu, batch_of({greedy, greedy, greedy}));
+    ASSERT_TRUE(all_greedy.ok()) << all_greedy.status();
+    auto all_sampled = Fwd(*e.gpu, batch_of(sampled));
+    ASSERT_TRUE(all_sampled.ok()) << all_sampled.status();
+    auto mixed = Fwd(*e.gpu, batch_of({greedy, std::nullopt, sampled[0]}));
     ASSERT_TRUE(mixed.ok()) << mixed.status();
     for (int i = 0; i < 3; ++i) {
       const std::vector<float>& l = (*with_logits)[i].logits;
       ASSERT_EQ(l.size(), static_cast<size_t>(vocab));
       const int32_t argmax = static_cast<int32_t>(std::max_element(l.begin(), l.end()) - l.begin());
-      EXPECT_EQ((*with_logits)[i].greedy_token, -1);
-      EXPECT_TRUE((*greedy)[i].logits.empty());
-      EXPECT_EQ((*greedy)[i].greedy_token, argmax) << "step " << step << " seq " << i;
+      EXPECT_EQ((*with_logits)[i].token, -1);
+      EXPECT_TRUE((*all_greedy)[i].logits.empty());
+      EXPECT_EQ((*all_greedy)[i].token, argmax) << "step " << step << " seq " << i;
+      EXPECT_TRUE((*all_sampled)[i].logits.empty());
+      EXPECT_EQ((*all_sampled)[i].token, runtime::PickToken(*sampled[i], l))
+          << "step " << step << " seq " << i;
       EXPECT_EQ((*mixed)[i].logits, l) << "step " << step << " seq " << i;
-      EXPECT_EQ((*mixed)[i].greedy_token, i == 1 ? -1 : argmax) << "step " << step << " seq " << i;
+      const int32_t want_mixed = i == 0 ? argmax : i == 1 ? -1 : runtime::PickToken(*sampled[0], l);
+      EXPECT_EQ((*mixed)[i].token, want_mixed) << "step " << step << " seq " << i;
     }
   }
 }

@@ -9,6 +9,7 @@
 #include "kernels/norm_rope/rope.h"
 #include "kernels/prefill_attention/prefill_attention.h"
 #include "kernels/sampling/greedy_sample.h"
+#include "kernels/sampling/sample.h"
 
 namespace strata::kernels {
 namespace {
@@ -147,6 +148,25 @@ TEST(SmallKernelsParamsTest, GreedySample) {
   p.ld_logits = 129280;
   p.vocab = 0;
   EXPECT_FALSE(ValidateGreedySampleParams(p).ok());
+}
+
+TEST(SmallKernelsParamsTest, Sample) {
+  SampleParams p;
+  p.rows = 64;
+  p.vocab = 129280;
+  p.ld_logits = 129280;
+  p.logits = Fake<float>();
+  p.draws = Fake<SampleRowDraw>();
+  p.tokens = Fake<int32_t>();
+  EXPECT_TRUE(ValidateSampleParams(p).ok());
+  p.ld_logits = 100;
+  EXPECT_FALSE(ValidateSampleParams(p).ok());
+  p.ld_logits = 129280;
+  p.draws = nullptr;
+  EXPECT_FALSE(ValidateSampleParams(p).ok());
+  p.draws = Fake<SampleRowDraw>();
+  p.vocab = 0;
+  EXPECT_FALSE(ValidateSampleParams(p).ok());
 }
 
 TEST(SmallKernelsParamsTest, PrefillUnknownVariantRefused) {

@@ -177,7 +177,7 @@ absl::Status CpuEngine::Run(std::span<const SequenceInput> batch,
     const float* src = logits.data() + out_first[s] * c.vocab_size;
     out.logits.assign(src, src + out_rows[s] * c.vocab_size);
   }
-  SetGreedyTokens(batch, c.vocab_size, outputs);
+  SetDrawnTokens(batch, c.vocab_size, outputs);
   return absl::OkStatus();
 }
 

@@ -24,6 +24,7 @@
 #include "kernels/norm_rope/rope.h"
 #include "kernels/prefill_attention/prefill_attention.h"
 #include "kernels/sampling/greedy_sample.h"
+#include "kernels/sampling/sample.h"
 
 namespace strata::cuda {
 namespace {
@@ -137,6 +138,9 @@ struct CudaEngine::Impl {
   absl::Status Rope(bf16* x, int64_t rows, int64_t heads, int64_t token_stride, int64_t head_stride,
                     const StepPlan& P, cudaStream_t stream);
   absl::Status MhaAttention(const DeviceLayer& L, const StepPlan& P, int64_t layer);
+  // Picks every output row's token with its sequence's draw on the GPU (rows before a
+  // sequence's last are picked greedily and never read) and queues their copy to host_logits.
+  absl::Status PickTokens(std::span<const SequenceInput> batch, const StepPlan& P, int64_t vocab);
   absl::Status AbsorbedAttention(const DeviceLayer& L, const StepPlan& P, int64_t layer);
 
   const DeviceWeights& W;
@@ -152,8 +156,11 @@ struct CudaEngine::Impl {
   bf16* wuk_t = nullptr;
   int num_sms = 132;
   cudaEvent_t ev_start = nullptr, ev_end = nullptr, ev_copied = nullptr;
-  PinnedBuf host_logits;  // [logits rows][vocab] fp32, or [logits rows] greedy tokens
-  Buf greedy_tokens;      // [logits rows] int32 (outside the graphs: no address to keep)
+  PinnedBuf host_logits;  // [logits rows][vocab] fp32, or [logits rows] picked tokens
+  // Tokens picked on the GPU (outside the graphs: no address to keep).
+  Buf tokens;            // [logits rows] int32
+  PinnedBuf host_draws;  // [logits rows] kernels::SampleRowDraw
+  Buf draws;             // [logits rows] kernels::SampleRowDraw
   Meta meta{&grows};
   // Activations.
   Buf x{&grows}, xn{&grows}, delta{&grows}, q{&grows}, qa{&grows}, kva{&grows}, attn{&grows},
@@ -290,24 +297,17 @@ absl::Status CudaEngine::Forward(std::span<const SequenceInput> batch,
   }
   CUDA_RETURN_IF_ERROR(cudaEventRecord(I.ev_end, s));
   RETURN_IF_ERROR(I.moe.EnqueueReadback(P.n));
-  // When every sequence wants only its greedy token, it is picked on the GPU and 4 bytes per row
-  // come back instead of the logits (26 MB at batch 64 for a 102 k vocabulary). Otherwise the
-  // logits come back in one copy into pinned memory, then into the caller's vectors: those are
-  // reused when the caller passes the previous step's outputs (no allocation, no page faults).
-  const bool greedy = std::all_of(batch.begin(), batch.end(),
-                                  [](const SequenceInput& in) { return in.greedy_only; });
-  if (greedy) {
-    RETURN_IF_ERROR(I.greedy_tokens.Ensure(P.total_out * 4));
-    RETURN_IF_ERROR(I.host_logits.Ensure(P.total_out * 4));
-    RETURN_IF_ERROR(kernels::LaunchGreedySample({.rows = static_cast<int>(P.total_out),
-                                                 .vocab = static_cast<int>(c.vocab_size),
-                                                 .logits = I.logits.as<float>(),
-                                                 .ld_logits = c.vocab_size,
-                                                 .tokens = I.greedy_tokens.as<int32_t>()},
-                                                s));
-    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(I.host_logits.as<int32_t>(), I.greedy_tokens.as<int32_t>(),
-                                         P.total_out * 4, cudaMemcpyDeviceToHost, s));
-  } else {
+  // When every sequence brings its draw (SequenceInput::draw), its token is picked on the GPU
+  // and 4 bytes per row come back instead of the logits (26 MB at batch 64 for a 102 k
+  // vocabulary): by the greedy kernel when every draw is greedy, else by the sampling kernel
+  // (a sort of the rows, then the sampler's rule). Otherwise the logits come back in one copy
+  // into pinned memory, then into the caller's vectors: those are reused when the caller passes
+  // the previous step's outputs (no allocation, no page faults).
+  const bool picked = std::all_of(batch.begin(), batch.end(),
+                                  [](const SequenceInput& in) { return in.draw.has_value(); });
+  if (picked)
+    RETURN_IF_ERROR(I.PickTokens(batch, P, c.vocab_size));
+  else {
     const size_t logits_bytes = P.total_out * c.vocab_size * 4;
     RETURN_IF_ERROR(I.host_logits.Ensure(logits_bytes));
     CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(I.host_logits.as<float>(), I.logits.as<float>(),
@@ -321,17 +321,17 @@ absl::Status CudaEngine::Forward(std::span<const SequenceInput> batch,
   for (size_t si = 0; si < batch.size(); ++si) {
     auto& out = (*outputs)[si];
     out.rows = P.out_rows[si];
-    if (greedy) {
+    if (picked) {
       out.logits.clear();
-      out.greedy_token = I.host_logits.as<int32_t>()[P.out_first[si] + P.out_rows[si] - 1];
+      out.token = I.host_logits.as<int32_t>()[P.out_first[si] + P.out_rows[si] - 1];
     } else {
       out.logits.resize(P.out_rows[si] * c.vocab_size);
-      out.greedy_token = -1;
+      out.token = -1;
     }
   }
-  if (!greedy) {
+  if (!picked) {
     CopyOutLogits(I.host_logits.as<float>(), P.out_first, c.vocab_size, outputs);
-    runtime::SetGreedyTokens(batch, c.vocab_size, outputs);
+    runtime::SetDrawnTokens(batch, c.vocab_size, outputs);
   }
   const auto t_done = std::chrono::steady_clock::now();
   ASSIGN_OR_RETURN(const int64_t expert_bytes, I.moe.FinishStep());
@@ -471,6 +471,48 @@ absl::Status CudaEngine::Impl::Plan(std::span<const SequenceInput> batch, StepPl
   P.o_lat = meta.Add(lat_rows);
   P.o_cu = meta.Add(cu);
   P.o_out = meta.Add(out_idx);
+  return absl::OkStatus();
+}
+
+absl::Status CudaEngine::Impl::PickTokens(std::span<const SequenceInput> batch, const StepPlan& P,
+                                          int64_t vocab) {
+  const int rows = static_cast<int>(P.total_out);
+  RETURN_IF_ERROR(tokens.Ensure(rows * 4));
+  RETURN_IF_ERROR(host_logits.Ensure(rows * 4));
+  const bool greedy = std::all_of(batch.begin(), batch.end(),
+                                  [](const SequenceInput& in) { return in.draw->greedy(); });
+  if (greedy) {
+    RETURN_IF_ERROR(kernels::LaunchGreedySample({.rows = rows,
+                                                 .vocab = static_cast<int>(vocab),
+                                                 .logits = logits.as<float>(),
+                                                 .ld_logits = vocab,
+                                                 .tokens = tokens.as<int32_t>()},
+                                                s));
+  } else {
+    RETURN_IF_ERROR(host_draws.Ensure(rows * sizeof(kernels::SampleRowDraw)));
+    RETURN_IF_ERROR(draws.Ensure(rows * sizeof(kernels::SampleRowDraw)));
+    auto* hd = host_draws.as<kernels::SampleRowDraw>();
+    std::fill(hd, hd + rows, kernels::SampleRowDraw{});  // greedy
+    for (size_t si = 0; si < batch.size(); ++si) {
+      const runtime::TokenDraw& d = *batch[si].draw;
+      hd[P.out_first[si] + P.out_rows[si] - 1] = {
+          .temperature = d.temperature,
+          .top_p = d.top_p,
+          .top_k = static_cast<int32_t>(std::min<int64_t>(d.top_k, INT32_MAX)),
+          .uniform = d.uniform};
+    }
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
+        draws.as<void>(), hd, rows * sizeof(kernels::SampleRowDraw), cudaMemcpyHostToDevice, s));
+    RETURN_IF_ERROR(kernels::LaunchSample({.rows = rows,
+                                           .vocab = static_cast<int>(vocab),
+                                           .logits = logits.as<float>(),
+                                           .ld_logits = vocab,
+                                           .draws = draws.as<kernels::SampleRowDraw>(),
+                                           .tokens = tokens.as<int32_t>()},
+                                          s));
+  }
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_logits.as<int32_t>(), tokens.as<int32_t>(), rows * 4,
+                                       cudaMemcpyDeviceToHost, s));
   return absl::OkStatus();
 }
 
