@@ -2,7 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
-#include <numeric>
+#include <utility>
 
 #include "compute_nodes/runtime/engine.h"
 
@@ -35,18 +35,23 @@ int32_t PickToken(const TokenDraw& draw, std::span<const float> logits) {
     // Greedy: the first maximum, as torch.argmax.
     return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
   }
-  std::vector<int32_t> idx(v);
-  std::iota(idx.begin(), idx.end(), 0);
-  int64_t k = draw.top_k > 0 ? std::min(draw.top_k, v) : v;
-  std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int32_t a, int32_t b) {
-    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-  });
-  idx.resize(k);
+  // (logit, index) pairs, so the sort touches contiguous memory: descending, ties by index.
+  std::vector<std::pair<float, int32_t>> order(v);
+  for (int64_t i = 0; i < v; ++i) order[i] = {logits[i], static_cast<int32_t>(i)};
+  const auto before = [](const std::pair<float, int32_t>& a, const std::pair<float, int32_t>& b) {
+    return a.first > b.first || (a.first == b.first && a.second < b.second);
+  };
+  const int64_t k = draw.top_k > 0 ? std::min(draw.top_k, v) : v;
+  if (k == v) {
+    std::sort(order.begin(), order.end(), before);
+  } else {
+    std::partial_sort(order.begin(), order.begin() + k, order.end(), before);
+  }
   std::vector<double> p(k);
-  const double mx = logits[idx[0]];
+  const double mx = order[0].first;
   double sum = 0;
   for (int64_t i = 0; i < k; ++i) {
-    p[i] = std::exp((logits[idx[i]] - mx) / draw.temperature);
+    p[i] = std::exp((order[i].first - mx) / draw.temperature);
     sum += p[i];
   }
   // top-p: the smallest prefix (by probability) whose mass reaches top_p; always >= 1 token.
@@ -66,9 +71,9 @@ int32_t PickToken(const TokenDraw& draw, std::span<const float> logits) {
   double x = draw.uniform * kept;
   for (int64_t i = 0; i < keep; ++i) {
     x -= p[i];
-    if (x < 0) return idx[i];
+    if (x < 0) return order[i].second;
   }
-  return idx[keep - 1];
+  return order[keep - 1].second;
 }
 
 StopReason CheckStop(const SamplingParams& params, std::span<const int32_t> generated) {

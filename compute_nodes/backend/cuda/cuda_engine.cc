@@ -138,9 +138,11 @@ struct CudaEngine::Impl {
   absl::Status Rope(bf16* x, int64_t rows, int64_t heads, int64_t token_stride, int64_t head_stride,
                     const StepPlan& P, cudaStream_t stream);
   absl::Status MhaAttention(const DeviceLayer& L, const StepPlan& P, int64_t layer);
-  // Picks every output row's token with its sequence's draw on the GPU (rows before a
-  // sequence's last are picked greedily and never read) and queues their copy to host_logits.
-  absl::Status PickTokens(std::span<const SequenceInput> batch, const StepPlan& P, int64_t vocab);
+  // Picks every output row's token on the GPU with its sequence's draw (rows before a sequence's
+  // last, and sequences without a draw, are picked greedily and never read) and queues their
+  // copy into host_logits (already large enough) at byte `at`.
+  absl::Status PickTokens(std::span<const SequenceInput> batch, const StepPlan& P, int64_t vocab,
+                          size_t at);
   absl::Status AbsorbedAttention(const DeviceLayer& L, const StepPlan& P, int64_t layer);
 
   const DeviceWeights& W;
@@ -156,7 +158,8 @@ struct CudaEngine::Impl {
   bf16* wuk_t = nullptr;
   int num_sms = 132;
   cudaEvent_t ev_start = nullptr, ev_end = nullptr, ev_copied = nullptr;
-  PinnedBuf host_logits;  // [logits rows][vocab] fp32, or [logits rows] picked tokens
+  PinnedBuf
+      host_logits;  // [logits rows][vocab] fp32 (unless all picked), then [logits rows] tokens
   // Tokens picked on the GPU (outside the graphs: no address to keep).
   Buf tokens;            // [logits rows] int32
   PinnedBuf host_draws;  // [logits rows] kernels::SampleRowDraw
@@ -297,22 +300,25 @@ absl::Status CudaEngine::Forward(std::span<const SequenceInput> batch,
   }
   CUDA_RETURN_IF_ERROR(cudaEventRecord(I.ev_end, s));
   RETURN_IF_ERROR(I.moe.EnqueueReadback(P.n));
-  // When every sequence brings its draw (SequenceInput::draw), its token is picked on the GPU
-  // and 4 bytes per row come back instead of the logits (26 MB at batch 64 for a 102 k
-  // vocabulary): by the greedy kernel when every draw is greedy, else by the sampling kernel
-  // (a sort of the rows, then the sampler's rule). Otherwise the logits come back in one copy
-  // into pinned memory, then into the caller's vectors: those are reused when the caller passes
-  // the previous step's outputs (no allocation, no page faults).
+  // The tokens of sequences that bring their draw (SequenceInput::draw) are picked on the GPU:
+  // by the greedy kernel when every draw is greedy, else by the sampling kernel (the sampler's
+  // rule by radix selection). When every sequence brings one, 4 bytes per row come back instead
+  // of the logits (26 MB at batch 64 for a 102 k vocabulary). Otherwise the logits come back too,
+  // in one copy into pinned memory, then into the vectors of the sequences without a draw:
+  // those are reused when the caller passes the previous step's outputs (no allocation, no page
+  // faults).
   const bool picked = std::all_of(batch.begin(), batch.end(),
                                   [](const SequenceInput& in) { return in.draw.has_value(); });
-  if (picked)
-    RETURN_IF_ERROR(I.PickTokens(batch, P, c.vocab_size));
-  else {
-    const size_t logits_bytes = P.total_out * c.vocab_size * 4;
-    RETURN_IF_ERROR(I.host_logits.Ensure(logits_bytes));
+  const bool any_draw = std::any_of(batch.begin(), batch.end(),
+                                    [](const SequenceInput& in) { return in.draw.has_value(); });
+  const size_t logits_bytes = picked ? 0 : P.total_out * c.vocab_size * 4;
+  // Sized once for both (growing it later would drop a copy in flight); tokens after logits.
+  RETURN_IF_ERROR(I.host_logits.Ensure(logits_bytes + P.total_out * 4));
+  if (!picked) {
     CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(I.host_logits.as<float>(), I.logits.as<float>(),
                                          logits_bytes, cudaMemcpyDeviceToHost, s));
   }
+  if (any_draw) RETURN_IF_ERROR(I.PickTokens(batch, P, c.vocab_size, logits_bytes));
   CUDA_RETURN_IF_ERROR(cudaEventRecord(I.ev_copied, s));
   const auto t_enqueued = std::chrono::steady_clock::now();
   CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
@@ -321,18 +327,17 @@ absl::Status CudaEngine::Forward(std::span<const SequenceInput> batch,
   for (size_t si = 0; si < batch.size(); ++si) {
     auto& out = (*outputs)[si];
     out.rows = P.out_rows[si];
-    if (picked) {
+    if (batch[si].draw) {
       out.logits.clear();
-      out.token = I.host_logits.as<int32_t>()[P.out_first[si] + P.out_rows[si] - 1];
+      const auto* tokens =
+          reinterpret_cast<const int32_t*>(I.host_logits.as<char>() + logits_bytes);
+      out.token = tokens[P.out_first[si] + P.out_rows[si] - 1];
     } else {
       out.logits.resize(P.out_rows[si] * c.vocab_size);
       out.token = -1;
     }
   }
-  if (!picked) {
-    CopyOutLogits(I.host_logits.as<float>(), P.out_first, c.vocab_size, outputs);
-    runtime::SetDrawnTokens(batch, c.vocab_size, outputs);
-  }
+  if (!picked) CopyOutLogits(I.host_logits.as<float>(), P.out_first, c.vocab_size, outputs);
   const auto t_done = std::chrono::steady_clock::now();
   ASSIGN_OR_RETURN(const int64_t expert_bytes, I.moe.FinishStep());
   // What the step read: every dense tensor of every layer, the routed experts that had tokens,
@@ -475,12 +480,12 @@ absl::Status CudaEngine::Impl::Plan(std::span<const SequenceInput> batch, StepPl
 }
 
 absl::Status CudaEngine::Impl::PickTokens(std::span<const SequenceInput> batch, const StepPlan& P,
-                                          int64_t vocab) {
+                                          int64_t vocab, size_t at) {
   const int rows = static_cast<int>(P.total_out);
   RETURN_IF_ERROR(tokens.Ensure(rows * 4));
-  RETURN_IF_ERROR(host_logits.Ensure(rows * 4));
-  const bool greedy = std::all_of(batch.begin(), batch.end(),
-                                  [](const SequenceInput& in) { return in.draw->greedy(); });
+  const bool greedy = std::all_of(batch.begin(), batch.end(), [](const SequenceInput& in) {
+    return !in.draw || in.draw->greedy();
+  });
   if (greedy) {
     RETURN_IF_ERROR(kernels::LaunchGreedySample({.rows = rows,
                                                  .vocab = static_cast<int>(vocab),
@@ -494,6 +499,7 @@ absl::Status CudaEngine::Impl::PickTokens(std::span<const SequenceInput> batch, 
     auto* hd = host_draws.as<kernels::SampleRowDraw>();
     std::fill(hd, hd + rows, kernels::SampleRowDraw{});  // greedy
     for (size_t si = 0; si < batch.size(); ++si) {
+      if (!batch[si].draw) continue;
       const runtime::TokenDraw& d = *batch[si].draw;
       hd[P.out_first[si] + P.out_rows[si] - 1] = {
           .temperature = d.temperature,
@@ -511,7 +517,7 @@ absl::Status CudaEngine::Impl::PickTokens(std::span<const SequenceInput> batch, 
                                            .tokens = tokens.as<int32_t>()},
                                           s));
   }
-  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_logits.as<int32_t>(), tokens.as<int32_t>(), rows * 4,
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_logits.as<char>() + at, tokens.as<int32_t>(), rows * 4,
                                        cudaMemcpyDeviceToHost, s));
   return absl::OkStatus();
 }
