@@ -63,9 +63,12 @@ absl::Status ValidateMlaDecodeParams(const MlaDecodeParams& p) {
   if (!std::isfinite(p.softmax_scale) || p.softmax_scale <= 0.f) {
     return Invalid("softmax_scale must be finite and positive");
   }
-  if (p.q == nullptr || p.kv_cache == nullptr || p.block_table == nullptr || p.seqlens == nullptr ||
+  const bool fp8 = p.kv_dtype == MlaKvDtype::kFp8E4M3;
+  const void* cache = fp8 ? static_cast<const void*>(p.kv_cache_fp8) : p.kv_cache;
+  if (p.q == nullptr || cache == nullptr || p.block_table == nullptr || p.seqlens == nullptr ||
       p.out == nullptr || p.lse == nullptr) {
-    return Invalid("q, kv_cache, block_table, seqlens, out and lse must be set");
+    return Invalid(std::string("q, ") + (fp8 ? "kv_cache_fp8" : "kv_cache") +
+                   ", block_table, seqlens, out and lse must be set");
   }
   if (p.num_splits > 1 && (p.o_accum == nullptr || p.lse_accum == nullptr)) {
     return Invalid("num_splits > 1 needs o_accum and lse_accum (MlaDecodeSetWorkspace)");
@@ -73,7 +76,7 @@ absl::Status ValidateMlaDecodeParams(const MlaDecodeParams& p) {
   const auto misaligned = [](const void* ptr) {
     return reinterpret_cast<uintptr_t>(ptr) % 16 != 0;
   };
-  if (misaligned(p.q) || misaligned(p.kv_cache) || misaligned(p.out) ||
+  if (misaligned(p.q) || misaligned(cache) || misaligned(p.out) ||
       (p.num_splits > 1 && misaligned(p.o_accum))) {
     return Invalid("q, kv_cache, out and o_accum must be 16-byte aligned");
   }

@@ -4,13 +4,17 @@
 // 32-token KV tiles (a half page). Tiles stream through a 3-stage cp.async ring in shared memory;
 // QK^T and PV run on the tensor cores (mma.sync m16n8k16 bf16, fp32 accumulate); the online
 // softmax is in base 2. Warp w owns output columns [64w, 64w + 64) of every head in the block.
+// fp8 KV (kFp8): the ring holds the tiles' raw fp8 bytes (latent, scales, k_pe of 32 tokens);
+// each tile is dequantized into one bf16 tile of the same layout as above before the math.
 #pragma once
 
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
 
+#include "common/cuda/cuda_status.h"
 #include "kernels/common/pdl.cuh"
 #include "kernels/common/sm80_ptx.cuh"
 #include "kernels/mla_decode/mla_decode.h"
@@ -22,11 +26,20 @@ inline constexpr int kThreads = 256;
 inline constexpr int kRowStride = kMlaQkHeadDim + 8;     // bf16; +16 B breaks bank conflicts
 inline constexpr int kChunksPerRow = kMlaQkHeadDim / 8;  // 16-byte chunks
 
-template <int kMTiles>
+// One 32-token tile of an fp8 page, as the ring holds it: latent, then scales, then k_pe.
+inline constexpr int kFp8TileLatentBytes = kTileTokens * kMlaValueDim;  // e4m3
+inline constexpr int kFp8TileScaleBytes = kTileTokens * 4 * 4;          // 4 f32 per token
+inline constexpr int kFp8TileRopeBytes = kTileTokens * 64 * 2;          // bf16
+inline constexpr int kFp8TileBytes = kFp8TileLatentBytes + kFp8TileScaleBytes + kFp8TileRopeBytes;
+
+template <int kMTiles, bool kFp8 = false>
 struct Layout {
   static constexpr int kHeads = 16 * kMTiles;
   // As many cp.async stages as fit next to Q in 227 KB: more tiles in flight for few heads.
   static constexpr int kStages = kMTiles == 1 ? 5 : (kMTiles == 2 ? 4 : 3);
+  // bf16: the ring of bf16 tiles. fp8: one bf16 tile, and the ring of raw fp8 tiles after it.
+  static constexpr int kBf16Tiles = kFp8 ? 1 : kStages;
+  static constexpr int kRawBytes = kFp8 ? kStages * kFp8TileBytes : 0;
   static constexpr int kSStride = kTileTokens + 4;  // fp32
   static constexpr int kPStride = kTileTokens + 8;  // bf16
   static constexpr int kQBytes = kHeads * kRowStride * 2;
@@ -35,7 +48,8 @@ struct Layout {
   static constexpr int kPBytes = kHeads * kPStride * 2;
   static constexpr int kQOffset = 0;
   static constexpr int kKvOffset = kQOffset + kQBytes;
-  static constexpr int kSOffset = kKvOffset + kStages * kKvStageBytes;
+  static constexpr int kRawOffset = kKvOffset + kBf16Tiles * kKvStageBytes;
+  static constexpr int kSOffset = kRawOffset + kRawBytes;
   static constexpr int kPOffset = kSOffset + kSBytes;
   static constexpr int kRowOffset = kPOffset + kPBytes;  // m, l, alpha: 3 x kHeads floats
   static constexpr int kTotalBytes = kRowOffset + 3 * kHeads * 4;
@@ -56,15 +70,44 @@ __device__ __forceinline__ void LoadA(uint32_t (&a)[4], const __nv_bfloat16* p, 
   a[3] = Ld32(r8 + 8);
 }
 
-template <int kMTiles>
+// Dequantizes one raw fp8 tile into the bf16 tile: latent bf16(e4m3 x scale), k_pe copied.
+__device__ __forceinline__ void DequantizeTile(const uint8_t* raw, __nv_bfloat16* dst, int tid) {
+  const float* scales = reinterpret_cast<const float*>(raw + kFp8TileLatentBytes);
+  const uint8_t* rope = raw + kFp8TileLatentBytes + kFp8TileScaleBytes;
+  for (int i = tid; i < kTileTokens * (kMlaValueDim / 8); i += kThreads) {
+    const int r = i / (kMlaValueDim / 8), c = (i % (kMlaValueDim / 8)) * 8;
+    const uint2 codes = *reinterpret_cast<const uint2*>(raw + r * kMlaValueDim + c);
+    const float sc = scales[r * 4 + c / 128];
+    const uint32_t words[2] = {codes.x, codes.y};
+    uint32_t packed[4];
+#pragma unroll
+    for (int h = 0; h < 4; ++h) {
+      const __nv_fp8x2_storage_t pair =
+          static_cast<__nv_fp8x2_storage_t>(words[h / 2] >> (16 * (h % 2)));
+      const float2 f = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(pair, __NV_E4M3)));
+      const __nv_bfloat162 b = __floats2bfloat162_rn(f.x * sc, f.y * sc);
+      packed[h] = *reinterpret_cast<const uint32_t*>(&b);
+    }
+    *reinterpret_cast<uint4*>(dst + r * kRowStride + c) =
+        make_uint4(packed[0], packed[1], packed[2], packed[3]);
+  }
+  for (int i = tid; i < kTileTokens * 8; i += kThreads) {  // 8 chunks of 16 B per token
+    const int r = i / 8, k = i % 8;
+    *reinterpret_cast<uint4*>(dst + r * kRowStride + kMlaValueDim + k * 8) =
+        *reinterpret_cast<const uint4*>(rope + r * 128 + k * 16);
+  }
+}
+
+template <int kMTiles, bool kFp8>
 __global__ void __launch_bounds__(kThreads, 1) MlaDecodeSplitKvKernel(MlaDecodeParams p) {
   PdlGridSync();
-  using L = Layout<kMTiles>;
+  using L = Layout<kMTiles, kFp8>;
   constexpr int kHeads = L::kHeads;
   constexpr int kStages = L::kStages;
   extern __shared__ __align__(128) uint8_t smem[];
   __nv_bfloat16* sq = reinterpret_cast<__nv_bfloat16*>(smem + L::kQOffset);
   __nv_bfloat16* skv = reinterpret_cast<__nv_bfloat16*>(smem + L::kKvOffset);
+  uint8_t* sraw = smem + L::kRawOffset;
   float* ss = reinterpret_cast<float*>(smem + L::kSOffset);
   __nv_bfloat16* sp = reinterpret_cast<__nv_bfloat16*>(smem + L::kPOffset);
   float* row_m = reinterpret_cast<float*>(smem + L::kRowOffset);
@@ -94,6 +137,36 @@ __global__ void __launch_bounds__(kThreads, 1) MlaDecodeSplitKvKernel(MlaDecodeP
   auto load_tile = [&](int tile, int stage) {
     const int token0 = tile * kTileTokens;
     const int page = table[token0 / kMlaPageSize];
+    if constexpr (kFp8) {
+      // Three contiguous runs of the page: latent rows, scale rows, k_pe rows of these tokens.
+      const uint8_t* base = p.kv_cache_fp8 + static_cast<size_t>(page) * kMlaFp8PageBytes;
+      const int tok0 = token0 % kMlaPageSize;
+      uint8_t* dst = sraw + stage * kFp8TileBytes;
+      constexpr int kLatentChunks = kFp8TileLatentBytes / 16, kScaleChunks = kTileTokens;
+      constexpr int kChunks = kLatentChunks + kScaleChunks + kFp8TileRopeBytes / 16;
+      for (int i = tid; i < kChunks; i += kThreads) {
+        int r;
+        const uint8_t* src;
+        uint8_t* d;
+        if (i < kLatentChunks) {
+          r = i / (kMlaValueDim / 16);
+          src = base + tok0 * kMlaValueDim + i * 16;
+          d = dst + i * 16;
+        } else if (i < kLatentChunks + kScaleChunks) {
+          r = i - kLatentChunks;
+          src = base + kMlaPageSize * kMlaValueDim + (tok0 + r) * 16;
+          d = dst + kFp8TileLatentBytes + r * 16;
+        } else {
+          const int k = i - kLatentChunks - kScaleChunks;
+          r = k / 8;
+          src = base + kMlaPageSize * (kMlaValueDim + 16) + tok0 * 128 + k * 16;
+          d = dst + kFp8TileLatentBytes + kFp8TileScaleBytes + k * 16;
+        }
+        const bool valid = token0 + r < seqlen;
+        CpAsync16(d, valid ? src : base, valid);  // past the length: zeros
+      }
+      return;
+    }
     const __nv_bfloat16* src =
         p.kv_cache +
         (static_cast<size_t>(page) * kMlaPageSize + token0 % kMlaPageSize) * kMlaQkHeadDim;
@@ -138,7 +211,11 @@ __global__ void __launch_bounds__(kThreads, 1) MlaDecodeSplitKvKernel(MlaDecodeP
     CpAsyncCommit();
     CpAsyncWait<kStages - 1>();
     __syncthreads();
-    const __nv_bfloat16* kvs = skv + (it % kStages) * (kTileTokens * kRowStride);
+    if constexpr (kFp8) {
+      DequantizeTile(sraw + (it % kStages) * kFp8TileBytes, skv, tid);
+      __syncthreads();
+    }
+    const __nv_bfloat16* kvs = skv + (kFp8 ? 0 : (it % kStages) * (kTileTokens * kRowStride));
 
     if (qk_active) {
       float s[kQkMTilesPerWarp][4];
@@ -296,5 +373,20 @@ __global__ void __launch_bounds__(kThreads, 1) MlaDecodeSplitKvKernel(MlaDecodeP
 
 // Merges the splits of one (sequence, head) row per block of 128 threads (4 columns each).
 __global__ void __launch_bounds__(128) MlaDecodeCombineKernel(MlaDecodeParams p);
+
+// Sets the kernel's shared memory and launches it (programmatic dependent launch).
+template <int kMTiles, bool kFp8>
+absl::Status LaunchSplitKvKernel(const MlaDecodeParams& params, cudaStream_t stream) {
+  using L = Layout<kMTiles, kFp8>;
+  constexpr int kSmem = L::kTotalBytes;
+  static_assert(kSmem <= 227 * 1024, "shared memory of one block");
+  CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(MlaDecodeSplitKvKernel<kMTiles, kFp8>,
+                                            cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
+  const dim3 grid(params.num_splits, params.batch, params.num_heads_q / L::kHeads);
+  (void)LaunchPdl(MlaDecodeSplitKvKernel<kMTiles, kFp8>, grid, dim3(kThreads), kSmem, stream,
+                  params);
+  CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
 
 }  // namespace strata::kernels::mla_detail

@@ -7,6 +7,13 @@
 //   lse[b][h] = ln(sum_t exp(s[t]))                                         (natural log)
 // Token t of sequence b lives at kv_cache[block_table[b][t / 64]][t % 64].
 //
+// fp8 KV (kv_dtype kFp8E4M3, kv_cache_fp8): a page holds its 64 tokens in the block format's fp8
+// layer layout (docs/block-format.md, 656 B per token): latent [64][512] e4m3, then scales
+// [64][4] f32 (one per 128 latent values), then k_pe [64][64] bf16, 41,984 B per page, so a block
+// saves and loads with plain copies. The kernel reads those bytes, dequantizes each tile in shared
+// memory to bf16(e4m3 x scale) (as the kv_pages fp8 load does) and runs the bf16 math on it: its
+// output equals the bf16 kernel's on the dequantized cache, bit for bit.
+//
 // Usage:
 //   MlaDecodeParams p = {...};
 //   p.num_splits = MlaDecodeNumSplits(batch, num_heads_q, max_seqlen, num_sms);
@@ -36,6 +43,9 @@ inline constexpr int kMlaQkHeadDim = 576;  // 512 latent + 64 rope
 inline constexpr int kMlaValueDim = 512;
 inline constexpr int kMlaPageSize = 64;  // tokens per KV page
 inline constexpr int kMlaMaxSplits = 64;
+inline constexpr int kMlaFp8PageBytes = kMlaPageSize * (kMlaValueDim + 4 * 4 + 64 * 2);  // 41,984
+
+enum class MlaKvDtype { kBf16, kFp8E4M3 };
 
 struct MlaDecodeParams {
   int batch = 0;
@@ -45,8 +55,10 @@ struct MlaDecodeParams {
   int num_splits = 1;  // 1..kMlaMaxSplits; >1 needs the workspace and runs the combine kernel
   float softmax_scale = 0.f;
 
-  const __nv_bfloat16* q = nullptr;         // [batch][num_heads_q][576]
-  const __nv_bfloat16* kv_cache = nullptr;  // [num_pages][64][576]
+  const __nv_bfloat16* q = nullptr;  // [batch][num_heads_q][576]
+  MlaKvDtype kv_dtype = MlaKvDtype::kBf16;
+  const __nv_bfloat16* kv_cache = nullptr;  // kBf16: [num_pages][64][576]
+  const uint8_t* kv_cache_fp8 = nullptr;    // kFp8E4M3: [num_pages][kMlaFp8PageBytes]
   const int32_t* block_table = nullptr;     // [batch][max_pages_per_seq]
   const int32_t* seqlens = nullptr;         // [batch]
   __nv_bfloat16* out = nullptr;             // [batch][num_heads_q][512]

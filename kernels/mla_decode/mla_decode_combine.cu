@@ -1,7 +1,7 @@
 // Log-sum-exp merge of the split-KV partials into the bf16 output and the lse.
 #include "common/cuda/cuda_status.h"
-#include "kernels/mla_decode/mla_decode.cuh"
 #include "kernels/common/pdl.cuh"
+#include "kernels/mla_decode/mla_decode.cuh"
 
 namespace strata::kernels {
 namespace mla_detail {
@@ -36,11 +36,11 @@ __global__ void __launch_bounds__(128) MlaDecodeCombineKernel(MlaDecodeParams p)
         const int s = s0 + j;
         w[j] = s < ns ? __expf(split_lse[s] - lse) : 0.f;
         // An empty split (weight 0) has a partial of 0: skip its read.
-        v[j] = w[j] != 0.f ? *reinterpret_cast<const float4*>(
-                                 p.o_accum +
-                                 ((static_cast<size_t>(b) * ns + s) * h_q + head) * kMlaValueDim +
-                                 col)
-                           : make_float4(0.f, 0.f, 0.f, 0.f);
+        v[j] = w[j] != 0.f
+                   ? *reinterpret_cast<const float4*>(
+                         p.o_accum +
+                         ((static_cast<size_t>(b) * ns + s) * h_q + head) * kMlaValueDim + col)
+                   : make_float4(0.f, 0.f, 0.f, 0.f);
       }
 #pragma unroll
       for (int j = 0; j < kBatch; ++j) {

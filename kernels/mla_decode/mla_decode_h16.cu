@@ -1,21 +1,15 @@
 // Split-KV kernel for blocks of 16 query heads (one instantiation per file: parallel builds).
 #include "common/cuda/cuda_status.h"
-#include "kernels/mla_decode/mla_decode.cuh"
 #include "kernels/common/pdl.cuh"
+#include "kernels/mla_decode/mla_decode.cuh"
 
 namespace strata::kernels {
 
 template <>
 absl::Status LaunchMlaDecodeSplitKv<1>(const MlaDecodeParams& params, cudaStream_t stream) {
-  using mla_detail::Layout;
-  constexpr int kSmem = Layout<1>::kTotalBytes;
-  CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(mla_detail::MlaDecodeSplitKvKernel<1>,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-  const dim3 grid(params.num_splits, params.batch, params.num_heads_q / Layout<1>::kHeads);
-  (void)LaunchPdl(mla_detail::MlaDecodeSplitKvKernel<1>, grid, dim3(mla_detail::kThreads), kSmem,
-                  stream, params);
-  CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  return absl::OkStatus();
+  return params.kv_dtype == MlaKvDtype::kFp8E4M3
+             ? mla_detail::LaunchSplitKvKernel<1, true>(params, stream)
+             : mla_detail::LaunchSplitKvKernel<1, false>(params, stream);
 }
 
 }  // namespace strata::kernels

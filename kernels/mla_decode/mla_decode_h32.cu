@@ -1,21 +1,15 @@
 // Split-KV kernel for blocks of 32 query heads (one instantiation per file: parallel builds).
 #include "common/cuda/cuda_status.h"
-#include "kernels/mla_decode/mla_decode.cuh"
 #include "kernels/common/pdl.cuh"
+#include "kernels/mla_decode/mla_decode.cuh"
 
 namespace strata::kernels {
 
 template <>
 absl::Status LaunchMlaDecodeSplitKv<2>(const MlaDecodeParams& params, cudaStream_t stream) {
-  using mla_detail::Layout;
-  constexpr int kSmem = Layout<2>::kTotalBytes;
-  CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(mla_detail::MlaDecodeSplitKvKernel<2>,
-                                            cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
-  const dim3 grid(params.num_splits, params.batch, params.num_heads_q / Layout<2>::kHeads);
-  (void)LaunchPdl(mla_detail::MlaDecodeSplitKvKernel<2>, grid, dim3(mla_detail::kThreads), kSmem,
-                  stream, params);
-  CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  return absl::OkStatus();
+  return params.kv_dtype == MlaKvDtype::kFp8E4M3
+             ? mla_detail::LaunchSplitKvKernel<2, true>(params, stream)
+             : mla_detail::LaunchSplitKvKernel<2, false>(params, stream);
 }
 
 }  // namespace strata::kernels

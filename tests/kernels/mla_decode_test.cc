@@ -14,6 +14,7 @@
 #include <random>
 #include <vector>
 
+#include "common/block_format.h"
 #include "tests/kernels/mla_decode_reference.h"
 
 namespace strata::kernels {
@@ -45,12 +46,13 @@ bool HaveGpu() {
 struct Case {
   int num_heads_q;
   std::vector<int> seqlens;
-  int num_splits;  // 0: MlaDecodeNumSplits
+  int num_splits;    // 0: MlaDecodeNumSplits
+  bool fp8 = false;  // the cache in fp8 pages; checked against the bf16 kernel too
 };
 
 void RunCase(const Case& c, uint32_t seed) {
-  SCOPED_TRACE(::testing::Message()
-               << "h_q=" << c.num_heads_q << " splits=" << c.num_splits << " seed=" << seed);
+  SCOPED_TRACE(::testing::Message() << "h_q=" << c.num_heads_q << " splits=" << c.num_splits
+                                    << " fp8=" << c.fp8 << " seed=" << seed);
   std::mt19937 rng(seed);
   std::normal_distribution<float> normal(0.f, 1.f);
   const int batch = static_cast<int>(c.seqlens.size());
@@ -72,6 +74,8 @@ void RunCase(const Case& c, uint32_t seed) {
   std::iota(perm.begin(), perm.end(), 0);
   std::shuffle(perm.begin(), perm.end(), rng);
   std::vector<int32_t> table(static_cast<size_t>(batch) * max_pages, 0);
+  // fp8 pages (the block format's fp8 layer layout), NaN wherever no token was written.
+  std::vector<uint8_t> fp8(c.fp8 ? static_cast<size_t>(num_pages) * kMlaFp8PageBytes : 0, 0xff);
   int next = 0;
   for (int b = 0; b < batch; ++b) {
     const int len = c.seqlens[b];
@@ -81,6 +85,20 @@ void RunCase(const Case& c, uint32_t seed) {
       for (int t = 0; t < kPage && i * kPage + t < len; ++t) {
         float* row = kv.data() + (static_cast<size_t>(page) * kPage + t) * kD;
         for (int d = 0; d < kD; ++d) row[d] = FromBf16(ToBf16(normal(rng)));
+        if (c.fp8) {  // the latent becomes what the fp8 page holds: bf16(e4m3 x scale)
+          uint8_t* base = fp8.data() + static_cast<size_t>(page) * kMlaFp8PageBytes;
+          std::vector<float> scales(kV / 128), deq(kV);
+          ASSERT_TRUE(
+              QuantizeFp8E4M3({row, static_cast<size_t>(kV)}, {base + t * kV, size_t{kV}}, scales)
+                  .ok());
+          std::memcpy(base + kPage * kV + t * 16, scales.data(), 16);
+          DequantizeFp8E4M3({base + t * kV, size_t{kV}}, scales, deq);
+          for (int d = 0; d < kV; ++d) row[d] = FromBf16(ToBf16(deq[d]));
+          for (int d = kV; d < kD; ++d) {
+            const uint16_t h = ToBf16(row[d]);
+            std::memcpy(base + kPage * (kV + 16) + t * 128 + (d - kV) * 2, &h, 2);
+          }
+        }
       }
     }
   }
@@ -99,44 +117,69 @@ void RunCase(const Case& c, uint32_t seed) {
   std::vector<uint16_t> q16(q.size()), kv16(kv.size());
   for (size_t i = 0; i < q.size(); ++i) q16[i] = ToBf16(q[i]);
   for (size_t i = 0; i < kv.size(); ++i) kv16[i] = ToBf16(kv[i]);
-  void *dq, *dkv, *dtable, *dlens, *dout, *dlse, *dws = nullptr;
+  // Runs the kernel on the bf16 cache or on the fp8 pages; fills out16 and lse.
   const size_t out_elems = static_cast<size_t>(batch) * h_q * kV;
-  ASSERT_CUDA(cudaMalloc(&dq, q16.size() * 2));
-  ASSERT_CUDA(cudaMalloc(&dkv, kv16.size() * 2));
-  ASSERT_CUDA(cudaMalloc(&dtable, table.size() * 4));
-  ASSERT_CUDA(cudaMalloc(&dlens, batch * 4));
-  ASSERT_CUDA(cudaMalloc(&dout, out_elems * 2));
-  ASSERT_CUDA(cudaMalloc(&dlse, static_cast<size_t>(batch) * h_q * 4));
-  const size_t ws_bytes = MlaDecodeWorkspaceBytes(batch, h_q, p.num_splits);
-  if (ws_bytes > 0) {
-    ASSERT_CUDA(cudaMalloc(&dws, ws_bytes));
-    ASSERT_CUDA(cudaMemset(dws, 0xff, ws_bytes));  // NaN
-  }
-  ASSERT_CUDA(cudaMemcpy(dq, q16.data(), q16.size() * 2, cudaMemcpyHostToDevice));
-  ASSERT_CUDA(cudaMemcpy(dkv, kv16.data(), kv16.size() * 2, cudaMemcpyHostToDevice));
-  ASSERT_CUDA(cudaMemcpy(dtable, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
-  ASSERT_CUDA(cudaMemcpy(dlens, c.seqlens.data(), batch * 4, cudaMemcpyHostToDevice));
-  ASSERT_CUDA(cudaMemset(dout, 0xff, out_elems * 2));  // bf16 NaN
-  ASSERT_CUDA(cudaMemset(dlse, 0xff, static_cast<size_t>(batch) * h_q * 4));
-  p.q = static_cast<const __nv_bfloat16*>(dq);
-  p.kv_cache = static_cast<const __nv_bfloat16*>(dkv);
-  p.block_table = static_cast<const int32_t*>(dtable);
-  p.seqlens = static_cast<const int32_t*>(dlens);
-  p.out = static_cast<__nv_bfloat16*>(dout);
-  p.lse = static_cast<float*>(dlse);
-  MlaDecodeSetWorkspace(p, dws);
-  const absl::Status st = LaunchMlaDecode(p, nullptr);
-  ASSERT_TRUE(st.ok()) << st;
-  ASSERT_CUDA(cudaDeviceSynchronize());
-
   std::vector<uint16_t> out16(out_elems);
   std::vector<float> lse(static_cast<size_t>(batch) * h_q);
-  ASSERT_CUDA(cudaMemcpy(out16.data(), dout, out_elems * 2, cudaMemcpyDeviceToHost));
-  ASSERT_CUDA(cudaMemcpy(lse.data(), dlse, lse.size() * 4, cudaMemcpyDeviceToHost));
-  for (void* ptr : {dq, dkv, dtable, dlens, dout, dlse, dws}) {
-    if (ptr != nullptr) {
-      ASSERT_CUDA(cudaFree(ptr));
+  auto launch = [&](MlaKvDtype dtype) {
+    void *dq, *dkv, *dtable, *dlens, *dout, *dlse, *dws = nullptr;
+    const bool f8 = dtype == MlaKvDtype::kFp8E4M3;
+    const size_t kv_bytes = f8 ? fp8.size() : kv16.size() * 2;
+    ASSERT_CUDA(cudaMalloc(&dq, q16.size() * 2));
+    ASSERT_CUDA(cudaMalloc(&dkv, kv_bytes));
+    ASSERT_CUDA(cudaMalloc(&dtable, table.size() * 4));
+    ASSERT_CUDA(cudaMalloc(&dlens, batch * 4));
+    ASSERT_CUDA(cudaMalloc(&dout, out_elems * 2));
+    ASSERT_CUDA(cudaMalloc(&dlse, static_cast<size_t>(batch) * h_q * 4));
+    const size_t ws_bytes = MlaDecodeWorkspaceBytes(batch, h_q, p.num_splits);
+    if (ws_bytes > 0) {
+      ASSERT_CUDA(cudaMalloc(&dws, ws_bytes));
+      ASSERT_CUDA(cudaMemset(dws, 0xff, ws_bytes));  // NaN
     }
+    ASSERT_CUDA(cudaMemcpy(dq, q16.data(), q16.size() * 2, cudaMemcpyHostToDevice));
+    ASSERT_CUDA(cudaMemcpy(dkv, f8 ? static_cast<const void*>(fp8.data()) : kv16.data(), kv_bytes,
+                           cudaMemcpyHostToDevice));
+    ASSERT_CUDA(cudaMemcpy(dtable, table.data(), table.size() * 4, cudaMemcpyHostToDevice));
+    ASSERT_CUDA(cudaMemcpy(dlens, c.seqlens.data(), batch * 4, cudaMemcpyHostToDevice));
+    ASSERT_CUDA(cudaMemset(dout, 0xff, out_elems * 2));  // bf16 NaN
+    ASSERT_CUDA(cudaMemset(dlse, 0xff, static_cast<size_t>(batch) * h_q * 4));
+    p.q = static_cast<const __nv_bfloat16*>(dq);
+    p.kv_dtype = dtype;
+    p.kv_cache = f8 ? nullptr : static_cast<const __nv_bfloat16*>(dkv);
+    p.kv_cache_fp8 = f8 ? static_cast<const uint8_t*>(dkv) : nullptr;
+    p.block_table = static_cast<const int32_t*>(dtable);
+    p.seqlens = static_cast<const int32_t*>(dlens);
+    p.out = static_cast<__nv_bfloat16*>(dout);
+    p.lse = static_cast<float*>(dlse);
+    MlaDecodeSetWorkspace(p, dws);
+    const absl::Status st = LaunchMlaDecode(p, nullptr);
+    ASSERT_TRUE(st.ok()) << st;
+    ASSERT_CUDA(cudaDeviceSynchronize());
+    ASSERT_CUDA(cudaMemcpy(out16.data(), dout, out_elems * 2, cudaMemcpyDeviceToHost));
+    ASSERT_CUDA(cudaMemcpy(lse.data(), dlse, lse.size() * 4, cudaMemcpyDeviceToHost));
+    for (void* ptr : {dq, dkv, dtable, dlens, dout, dlse, dws}) {
+      if (ptr != nullptr) {
+        ASSERT_CUDA(cudaFree(ptr));
+      }
+    }
+  };
+  if (c.fp8) {
+    // The fp8 kernel must give exactly what the bf16 kernel gives on the dequantized cache.
+    launch(MlaKvDtype::kBf16);
+    if (::testing::Test::HasFatalFailure()) return;
+    const std::vector<uint16_t> bf16_out = out16;
+    const std::vector<float> bf16_lse = lse;
+    launch(MlaKvDtype::kFp8E4M3);
+    if (::testing::Test::HasFatalFailure()) return;
+    size_t differ = 0;
+    for (size_t i = 0; i < out16.size(); ++i) differ += out16[i] != bf16_out[i];
+    for (size_t i = 0; i < lse.size(); ++i) {
+      differ += std::memcmp(&lse[i], &bf16_lse[i], 4) != 0;
+    }
+    EXPECT_EQ(differ, 0u) << "fp8 pages vs the bf16 kernel on the dequantized cache";
+  } else {
+    launch(MlaKvDtype::kBf16);
+    if (::testing::Test::HasFatalFailure()) return;
   }
 
   std::vector<float> ref_out, ref_lse;
@@ -208,6 +251,14 @@ TEST_F(MlaDecodeTest, OtherHeadCounts) {
   RunCase({32, {100, 700}, 3}, Seed());
   RunCase({48, {100, 700}, 2}, Seed());
   RunCase({96, {129, 800}, 0}, Seed());
+}
+
+TEST_F(MlaDecodeTest, Fp8PagesEqualTheBf16KernelOnTheDequantizedCache) {
+  RunCase({16, kRagged, 1, true}, Seed());
+  RunCase({32, {100, 700}, 3, true}, Seed());
+  RunCase({64, kRagged, 0, true}, Seed());
+  RunCase({128, {4096, 33, 31}, 5, true}, Seed());
+  RunCase({64, {0, 65, 0}, 4, true}, Seed());
 }
 
 TEST_F(MlaDecodeTest, EmptySequenceGivesZeroAndMinusInfLse) {
