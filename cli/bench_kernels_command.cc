@@ -133,6 +133,21 @@ absl::Status BenchMlaDecode(int iters, nlohmann::json& report) {
   RETURN_IF_ERROR(
       ws.Allocate(kernels::MlaDecodeWorkspaceBytes(kBatch, 128, kernels::kMlaMaxSplits)));
 
+  // Everything but the cache and the splits.
+  auto params_for = [&](int h_q) {
+    MlaDecodeParams p;
+    p.batch = kBatch;
+    p.num_heads_q = h_q;
+    p.num_pages = num_pages;
+    p.max_pages_per_seq = pages_per_seq;
+    p.softmax_scale = 0.0721688f;  // 1/sqrt(192)
+    p.q = static_cast<const __nv_bfloat16*>(q.ptr);
+    p.block_table = static_cast<const int32_t*>(table.ptr);
+    p.seqlens = static_cast<const int32_t*>(lens.ptr);
+    p.out = static_cast<__nv_bfloat16*>(out.ptr);
+    p.lse = static_cast<float*>(lse.ptr);
+    return p;
+  };
   nlohmann::json points = nlohmann::json::array();
   double min_ratio = 1e30;
   nlohmann::json ratios = nlohmann::json::object();
@@ -143,18 +158,8 @@ absl::Status BenchMlaDecode(int iters, nlohmann::json& report) {
       std::vector<int32_t> seqlens(kBatch, s_k);
       CUDA_RETURN_IF_ERROR(
           cudaMemcpy(lens.ptr, seqlens.data(), kBatch * 4, cudaMemcpyHostToDevice));
-      MlaDecodeParams p;
-      p.batch = kBatch;
-      p.num_heads_q = h_q;
-      p.num_pages = num_pages;
-      p.max_pages_per_seq = pages_per_seq;
-      p.softmax_scale = 0.0721688f;  // 1/sqrt(192)
-      p.q = static_cast<const __nv_bfloat16*>(q.ptr);
+      MlaDecodeParams p = params_for(h_q);
       p.kv_cache = static_cast<const __nv_bfloat16*>(kv.ptr);
-      p.block_table = static_cast<const int32_t*>(table.ptr);
-      p.seqlens = static_cast<const int32_t*>(lens.ptr);
-      p.out = static_cast<__nv_bfloat16*>(out.ptr);
-      p.lse = static_cast<float*>(lse.ptr);
       const int chosen = kernels::MlaDecodeNumSplits(kBatch, h_q, s_k, num_sms);
       std::vector<int> candidates = {chosen, 1, 2, 3, 4, 6, 8};
       std::sort(candidates.begin(), candidates.end());
@@ -225,19 +230,9 @@ absl::Status BenchMlaDecode(int iters, nlohmann::json& report) {
       std::vector<int32_t> seqlens(kBatch, s_k);
       CUDA_RETURN_IF_ERROR(
           cudaMemcpy(lens.ptr, seqlens.data(), kBatch * 4, cudaMemcpyHostToDevice));
-      MlaDecodeParams p;
-      p.batch = kBatch;
-      p.num_heads_q = h_q;
-      p.num_pages = num_pages;
-      p.max_pages_per_seq = pages_per_seq;
-      p.softmax_scale = 0.0721688f;
-      p.q = static_cast<const __nv_bfloat16*>(q.ptr);
+      MlaDecodeParams p = params_for(h_q);
       p.kv_dtype = kernels::MlaKvDtype::kFp8E4M3;
       p.kv_cache_fp8 = static_cast<const uint8_t*>(kv8.ptr);
-      p.block_table = static_cast<const int32_t*>(table.ptr);
-      p.seqlens = static_cast<const int32_t*>(lens.ptr);
-      p.out = static_cast<__nv_bfloat16*>(out.ptr);
-      p.lse = static_cast<float*>(lse.ptr);
       p.num_splits = point["splits"].get<int>();
       kernels::MlaDecodeSetWorkspace(p, ws.ptr);
       ASSIGN_OR_RETURN(const double ms,

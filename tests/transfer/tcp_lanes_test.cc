@@ -20,19 +20,31 @@ struct Layout {
   int threads;
 };
 
-class TcpLanesTest : public ::testing::TestWithParam<Layout> {};
+class TcpLanesTest : public ::testing::TestWithParam<Layout> {
+ protected:
+  // A peer process (segment "seg" holding PatternByte(seed, offset)) reached over tcp with this
+  // test's lane layout.
+  void Connect(uint64_t seed) {
+    proc_ = testing_util::SpawnPeer(seed, /*shm=*/false);
+    ASSERT_NE(proc_, nullptr);
+    auto engine = TransferEngine::Create({.host_id = "local",
+                                          .secret = ClusterSecret(testing_util::kSecret),
+                                          .force_transport = TransportKind::kTcp,
+                                          .tcp_connections_per_peer = GetParam().connections,
+                                          .tcp_threads_per_peer = GetParam().threads});
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    engine_ = std::move(*engine);
+    auto peer = engine_->OpenPeer(proc_->spec());
+    ASSERT_TRUE(peer.ok()) << peer.status();
+    peer_ = std::move(*peer);
+  }
+  std::unique_ptr<PeerProcess> proc_;
+  std::unique_ptr<TransferEngine> engine_;
+  std::shared_ptr<Peer> peer_;
+};
 
 TEST_P(TcpLanesTest, MixedBatchesMoveEveryByteAndReportPerRequest) {
-  auto proc = testing_util::SpawnPeer(7, /*shm=*/false);
-  ASSERT_NE(proc, nullptr);
-  auto engine = TransferEngine::Create({.host_id = "local",
-                                        .secret = ClusterSecret(testing_util::kSecret),
-                                        .force_transport = TransportKind::kTcp,
-                                        .tcp_connections_per_peer = GetParam().connections,
-                                        .tcp_threads_per_peer = GetParam().threads});
-  ASSERT_TRUE(engine.ok()) << engine.status();
-  auto peer = (*engine)->OpenPeer(proc->spec());
-  ASSERT_TRUE(peer.ok()) << peer.status();
+  ASSERT_NO_FATAL_FAILURE(Connect(7));
   const std::string cap = testing_util::WholeCap();
 
   // Eight 1 MiB slots: the first four are written, the last four read (and still hold the
@@ -62,7 +74,7 @@ TEST_P(TcpLanesTest, MixedBatchesMoveEveryByteAndReportPerRequest) {
                      .capability = cap});
     }
   }
-  auto batch = (*engine)->Submit(**peer, std::move(ops), {.timeout = absl::Seconds(30)});
+  auto batch = engine_->Submit(*peer_, std::move(ops), {.timeout = absl::Seconds(30)});
   ASSERT_TRUE(batch->Wait(absl::Seconds(60)));
   for (int i = 0; i < 9; ++i) {
     if (i == 6) {
@@ -90,7 +102,7 @@ TEST_P(TcpLanesTest, MixedBatchesMoveEveryByteAndReportPerRequest) {
                        .capability = cap,
                        .checksum = Checksum64(bufs[k].data() + off, len)});
     }
-    auto rb = (*engine)->Submit(**peer, std::move(reads));
+    auto rb = engine_->Submit(*peer_, std::move(reads));
     ASSERT_TRUE(rb->Wait(absl::Seconds(60)));
     EXPECT_TRUE(rb->FirstError().ok()) << rb->FirstError();
     EXPECT_EQ(back, bufs[k]) << "slot " << k;
@@ -98,16 +110,7 @@ TEST_P(TcpLanesTest, MixedBatchesMoveEveryByteAndReportPerRequest) {
 }
 
 TEST_P(TcpLanesTest, SmallRequestsBesideBulkReadsAllComplete) {
-  auto proc = testing_util::SpawnPeer(9, /*shm=*/false);
-  ASSERT_NE(proc, nullptr);
-  auto engine = TransferEngine::Create({.host_id = "local",
-                                        .secret = ClusterSecret(testing_util::kSecret),
-                                        .force_transport = TransportKind::kTcp,
-                                        .tcp_connections_per_peer = GetParam().connections,
-                                        .tcp_threads_per_peer = GetParam().threads});
-  ASSERT_TRUE(engine.ok()) << engine.status();
-  auto peer = (*engine)->OpenPeer(proc->spec());
-  ASSERT_TRUE(peer.ok()) << peer.status();
+  ASSERT_NO_FATAL_FAILURE(Connect(9));
   const std::string cap = testing_util::WholeCap(Access::kRead);
   std::atomic<int> bad{0};
   auto reader = [&](uint64_t length, int rounds) {
@@ -124,7 +127,7 @@ TEST_P(TcpLanesTest, SmallRequestsBesideBulkReadsAllComplete) {
                        .capability = cap});
       }
       const std::vector<TransferOp> copy = ops;
-      auto b = (*engine)->Submit(**peer, std::move(ops));
+      auto b = engine_->Submit(*peer_, std::move(ops));
       if (!b->Wait(absl::Seconds(60)) || !b->FirstError().ok()) {
         bad.fetch_add(1);
         return;
