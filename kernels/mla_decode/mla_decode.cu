@@ -18,6 +18,8 @@ int MlaDecodeNumSplits(int batch, int num_heads_q, int max_seqlen, int num_sms) 
   if (batch <= 0 || num_heads_q <= 0 || num_sms <= 0 || max_seqlen <= 0) return 1;
   const int heads_per_block = num_heads_q % 64 == 0 ? 64 : (num_heads_q % 32 == 0 ? 32 : 16);
   const int64_t blocks = static_cast<int64_t>(batch) * (num_heads_q / heads_per_block);
+  // Blocks of 16 heads run two to an SM (mla_detail::Layout::kBlocksPerSm).
+  if (heads_per_block == 16) num_sms *= 2;
   const int tiles = (max_seqlen + 31) / 32;
   // Modelled time: waves of one block per SM, each as long as one split's tiles plus a fixed cost
   // (prologue, epilogue, combine traffic) worth about two tiles.

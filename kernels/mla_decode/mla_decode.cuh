@@ -36,7 +36,11 @@ template <int kMTiles, bool kFp8 = false>
 struct Layout {
   static constexpr int kHeads = 16 * kMTiles;
   // As many cp.async stages as fit next to Q in 227 KB: more tiles in flight for few heads.
-  static constexpr int kStages = kMTiles == 1 ? 5 : (kMTiles == 2 ? 4 : 3);
+  // 16 heads: two stages, so two blocks share an SM (~93 KB bf16, ~100 KB fp8) and one block's
+  // softmax, barriers (and fp8 dequantization) overlap the other's loads and tensor work.
+  static constexpr int kBlocksPerSm = kMTiles == 1 ? 2 : 1;
+  static constexpr int kStages =
+      kBlocksPerSm == 2 ? 2 : (kMTiles == 1 ? 5 : (kMTiles == 2 ? 4 : 3));
   // bf16: the ring of bf16 tiles. fp8: one bf16 tile, and the ring of raw fp8 tiles after it.
   static constexpr int kBf16Tiles = kFp8 ? 1 : kStages;
   static constexpr int kRawBytes = kFp8 ? kStages * kFp8TileBytes : 0;
@@ -99,7 +103,8 @@ __device__ __forceinline__ void DequantizeTile(const uint8_t* raw, __nv_bfloat16
 }
 
 template <int kMTiles, bool kFp8>
-__global__ void __launch_bounds__(kThreads, 1) MlaDecodeSplitKvKernel(MlaDecodeParams p) {
+__global__ void __launch_bounds__(kThreads, (Layout<kMTiles, kFp8>::kBlocksPerSm))
+    MlaDecodeSplitKvKernel(MlaDecodeParams p) {
   PdlGridSync();
   using L = Layout<kMTiles, kFp8>;
   constexpr int kHeads = L::kHeads;
@@ -379,7 +384,7 @@ template <int kMTiles, bool kFp8>
 absl::Status LaunchSplitKvKernel(const MlaDecodeParams& params, cudaStream_t stream) {
   using L = Layout<kMTiles, kFp8>;
   constexpr int kSmem = L::kTotalBytes;
-  static_assert(kSmem <= 227 * 1024, "shared memory of one block");
+  static_assert(kSmem * L::kBlocksPerSm <= 227 * 1024, "shared memory of the blocks of an SM");
   CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(MlaDecodeSplitKvKernel<kMTiles, kFp8>,
                                             cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem));
   const dim3 grid(params.num_splits, params.batch, params.num_heads_q / L::kHeads);
