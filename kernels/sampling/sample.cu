@@ -44,11 +44,10 @@ struct Shared {
   } tmp;
   float max_value;
   int max_index;
-  // Results of a selection.
-  uint32_t prefix;
-  double above;  // weight of the candidates above the prefix's bucket
-  uint32_t at_count;
-  int found;
+  // Passed between the threads of a selection pass.
+  uint32_t lowest_bin;  // the lowest nonempty bin (a target past the total)
+  double above;         // weight of the candidates above the chosen bin (also: the softmax sum)
+  int found;            // the chosen bin, or index
 };
 
 // Where a running sum over the candidates, in descending key order, meets `target`.
@@ -116,10 +115,7 @@ class Row {
       const double w0 = w(b0), w1 = w(b1);
       double excl, total;
       cub::BlockScan<double, kThreads>(sh_.tmp.scan).ExclusiveSum(w0 + w1, excl, total);
-      if (threadIdx.x == 0) {
-        sh_.found = -1;
-        sh_.prefix = 0;
-      }
+      if (threadIdx.x == 0) sh_.found = -1;
       __syncthreads();
       const double rel = target - above;
       auto crosses = [&](double before, double weight) {
@@ -139,14 +135,14 @@ class Row {
           return {floor, above + total, floor_count};
         }
         // Past the total (rounding): the last candidate of this range, the lowest nonempty bin.
-        if (threadIdx.x == 0) sh_.prefix = 0xffffffffu;
+        if (threadIdx.x == 0) sh_.lowest_bin = 0xffffffffu;
         __syncthreads();
-        if (b0 >= 0 && w0 > 0) atomicMin(&sh_.prefix, static_cast<uint32_t>(b0));
-        if (b1 >= 0 && w1 > 0) atomicMin(&sh_.prefix, static_cast<uint32_t>(b1));
+        if (b0 >= 0 && w0 > 0) atomicMin(&sh_.lowest_bin, static_cast<uint32_t>(b0));
+        if (b1 >= 0 && w1 > 0) atomicMin(&sh_.lowest_bin, static_cast<uint32_t>(b1));
         __syncthreads();
         if (threadIdx.x == 0) {
           // No candidate at all cannot happen (the maximum is one); stay in range regardless.
-          sh_.found = sh_.prefix == 0xffffffffu ? 0 : static_cast<int>(sh_.prefix);
+          sh_.found = sh_.lowest_bin == 0xffffffffu ? 0 : static_cast<int>(sh_.lowest_bin);
           sh_.above = above + total - w(sh_.found);
         }
         __syncthreads();

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "common/block_format.h"
+#include "tests/kernels/gpu_test_util.h"
 #include "tests/kernels/mla_decode_reference.h"
 
 namespace strata::kernels {
@@ -22,24 +23,9 @@ namespace {
 
 constexpr int kD = kMlaQkHeadDim, kV = kMlaValueDim, kPage = kMlaPageSize;
 
-uint16_t ToBf16(float f) {  // round to nearest even
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if (std::isnan(f)) return 0x7fc0;
-  u += 0x7fff + ((u >> 16) & 1);
-  return static_cast<uint16_t>(u >> 16);
-}
-float FromBf16(uint16_t h) {
-  const uint32_t u = static_cast<uint32_t>(h) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
-bool HaveGpu() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
+using testing::FromBf16;
+using testing::HaveGpu;
+using testing::ToBf16;
 
 #define ASSERT_CUDA(expr) ASSERT_EQ((expr), cudaSuccess) << #expr
 
