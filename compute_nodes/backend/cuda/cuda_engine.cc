@@ -158,8 +158,8 @@ struct CudaEngine::Impl {
   bf16* wuk_t = nullptr;
   int num_sms = 132;
   cudaEvent_t ev_start = nullptr, ev_end = nullptr, ev_copied = nullptr;
-  PinnedBuf
-      host_logits;  // [logits rows][vocab] fp32 (unless all picked), then [logits rows] tokens
+  // [logits rows][vocab] fp32 (unless every token was picked), then [logits rows] tokens.
+  PinnedBuf host_logits;
   // Tokens picked on the GPU (outside the graphs: no address to keep).
   Buf tokens;            // [logits rows] int32
   PinnedBuf host_draws;  // [logits rows] kernels::SampleRowDraw
