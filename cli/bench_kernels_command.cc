@@ -183,6 +183,21 @@ absl::Status BenchMlaDecode(int iters, nlohmann::json& report) {
           best_splits = splits;
         }
       }
+      // Side by side at the chosen splits: the mma.sync kernel, where kAuto took the Hopper one.
+      double mma_sync_ms = 0;
+      if (h_q % 64 == 0) {
+        p.num_splits = chosen;
+        p.impl = kernels::MlaDecodeImpl::kMmaSync;
+        p.o_accum = nullptr;
+        p.lse_accum = nullptr;
+        kernels::MlaDecodeSetWorkspace(p, ws.ptr);
+        ASSIGN_OR_RETURN(mma_sync_ms,
+                         MedianMs([&] { return kernels::LaunchMlaDecode(p, nullptr); }, 3, iters));
+        p.impl = kernels::MlaDecodeImpl::kAuto;
+        ratios[fmt::format("mla_decode_auto_vs_mma_sync_h{}_s{}", h_q, s_k)] =
+            mma_sync_ms / chosen_ms;
+        sweep_text += fmt::format(" mma.sync:{:.3f}", mma_sync_ms);
+      }
       CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
       const double bytes =
           static_cast<double>(kBatch) * s_k * kernels::kMlaQkHeadDim * 2 +
@@ -207,6 +222,7 @@ absl::Status BenchMlaDecode(int iters, nlohmann::json& report) {
                         {"ratio", ratio},
                         {"best_splits", best_splits},
                         {"best_ms", best_ms},
+                        {"mma_sync_ms", mma_sync_ms},
                         {"sweep_ms", sweep}});
       std::cout << fmt::format(
           "{:>4} {:>6} {:>6} {:>9.3f} {:>7.2f} {:>8.1f} {:>9.2f} {:>7.3f} {}\n", h_q, s_k, chosen,

@@ -87,8 +87,15 @@ absl::Status ValidateMlaDecodeParams(const MlaDecodeParams& p) {
 
 absl::Status LaunchMlaDecode(const MlaDecodeParams& params, cudaStream_t stream) {
   if (absl::Status st = ValidateMlaDecodeParams(params); !st.ok()) return st;
+  const bool sm90 = params.impl != MlaDecodeImpl::kMmaSync && MlaDecodeSm90Supported(params);
+  if (params.impl == MlaDecodeImpl::kSm90 && !sm90) {
+    return absl::FailedPreconditionError(
+        "LaunchMlaDecode: the sm90 kernel needs bf16 pages, num_heads_q a multiple of 64 and a "
+        "compute capability 9.x device");
+  }
   const absl::Status split_kv =
-      params.num_heads_q % 64 == 0   ? LaunchMlaDecodeSplitKv<4>(params, stream)
+      sm90                           ? LaunchMlaDecodeSm90(params, stream)
+      : params.num_heads_q % 64 == 0 ? LaunchMlaDecodeSplitKv<4>(params, stream)
       : params.num_heads_q % 32 == 0 ? LaunchMlaDecodeSplitKv<2>(params, stream)
                                      : LaunchMlaDecodeSplitKv<1>(params, stream);
   if (!split_kv.ok() || params.num_splits == 1) return split_kv;

@@ -47,6 +47,12 @@ inline constexpr int kMlaFp8PageBytes = kMlaPageSize * (kMlaValueDim + 4 * 4 + 6
 
 enum class MlaKvDtype { kBf16, kFp8E4M3 };
 
+// Which kernel computes the attention. kAuto takes the Hopper kernel (TMA + wgmma, blocks of 64
+// heads) where it applies: bf16 pages, num_heads_q a multiple of 64, a compute capability 9.x
+// device; else the mma.sync kernel. Naming one forces it (kSm90 fails where it does not apply):
+// for tests and side-by-side benchmarks.
+enum class MlaDecodeImpl { kAuto, kMmaSync, kSm90 };
+
 struct MlaDecodeParams {
   int batch = 0;
   int num_heads_q = 0;  // 16..128, a multiple of 16
@@ -54,6 +60,7 @@ struct MlaDecodeParams {
   int max_pages_per_seq = 0;
   int num_splits = 1;  // 1..kMlaMaxSplits; >1 needs the workspace and runs the combine kernel
   float softmax_scale = 0.f;
+  MlaDecodeImpl impl = MlaDecodeImpl::kAuto;
 
   const __nv_bfloat16* q = nullptr;  // [batch][num_heads_q][576]
   MlaKvDtype kv_dtype = MlaKvDtype::kBf16;
@@ -88,5 +95,8 @@ absl::Status LaunchMlaDecode(const MlaDecodeParams& params, cudaStream_t stream)
 template <int kMTiles>
 absl::Status LaunchMlaDecodeSplitKv(const MlaDecodeParams& params, cudaStream_t stream);
 absl::Status LaunchMlaDecodeCombine(const MlaDecodeParams& params, cudaStream_t stream);
+// Internal: the Hopper kernel (mla_decode_sm90.cu) and whether it applies to `params` here.
+bool MlaDecodeSm90Supported(const MlaDecodeParams& params);
+absl::Status LaunchMlaDecodeSm90(const MlaDecodeParams& params, cudaStream_t stream);
 
 }  // namespace strata::kernels

@@ -34,11 +34,13 @@ struct Case {
   std::vector<int> seqlens;
   int num_splits;    // 0: MlaDecodeNumSplits
   bool fp8 = false;  // the cache in fp8 pages; checked against the bf16 kernel too
+  MlaDecodeImpl impl = MlaDecodeImpl::kAuto;
 };
 
 void RunCase(const Case& c, uint32_t seed) {
-  SCOPED_TRACE(::testing::Message() << "h_q=" << c.num_heads_q << " splits=" << c.num_splits
-                                    << " fp8=" << c.fp8 << " seed=" << seed);
+  SCOPED_TRACE(::testing::Message()
+               << "h_q=" << c.num_heads_q << " splits=" << c.num_splits << " fp8=" << c.fp8
+               << " impl=" << static_cast<int>(c.impl) << " seed=" << seed);
   std::mt19937 rng(seed);
   std::normal_distribution<float> normal(0.f, 1.f);
   const int batch = static_cast<int>(c.seqlens.size());
@@ -107,7 +109,7 @@ void RunCase(const Case& c, uint32_t seed) {
   const size_t out_elems = static_cast<size_t>(batch) * h_q * kV;
   std::vector<uint16_t> out16(out_elems);
   std::vector<float> lse(static_cast<size_t>(batch) * h_q);
-  auto launch = [&](MlaKvDtype dtype) {
+  auto launch = [&](MlaKvDtype dtype, MlaDecodeImpl impl) {
     void *dq, *dkv, *dtable, *dlens, *dout, *dlse, *dws = nullptr;
     const bool f8 = dtype == MlaKvDtype::kFp8E4M3;
     const size_t kv_bytes = f8 ? fp8.size() : kv16.size() * 2;
@@ -131,6 +133,7 @@ void RunCase(const Case& c, uint32_t seed) {
     ASSERT_CUDA(cudaMemset(dlse, 0xff, static_cast<size_t>(batch) * h_q * 4));
     p.q = static_cast<const __nv_bfloat16*>(dq);
     p.kv_dtype = dtype;
+    p.impl = impl;
     p.kv_cache = f8 ? nullptr : static_cast<const __nv_bfloat16*>(dkv);
     p.kv_cache_fp8 = f8 ? static_cast<const uint8_t*>(dkv) : nullptr;
     p.block_table = static_cast<const int32_t*>(dtable);
@@ -150,12 +153,13 @@ void RunCase(const Case& c, uint32_t seed) {
     }
   };
   if (c.fp8) {
-    // The fp8 kernel must give exactly what the bf16 kernel gives on the dequantized cache.
-    launch(MlaKvDtype::kBf16);
+    // The fp8 kernel must give exactly what the bf16 kernel of the same structure (mma.sync)
+    // gives on the dequantized cache.
+    launch(MlaKvDtype::kBf16, MlaDecodeImpl::kMmaSync);
     if (::testing::Test::HasFatalFailure()) return;
     const std::vector<uint16_t> bf16_out = out16;
     const std::vector<float> bf16_lse = lse;
-    launch(MlaKvDtype::kFp8E4M3);
+    launch(MlaKvDtype::kFp8E4M3, c.impl);
     if (::testing::Test::HasFatalFailure()) return;
     size_t differ = 0;
     for (size_t i = 0; i < out16.size(); ++i) differ += out16[i] != bf16_out[i];
@@ -164,7 +168,7 @@ void RunCase(const Case& c, uint32_t seed) {
     }
     EXPECT_EQ(differ, 0u) << "fp8 pages vs the bf16 kernel on the dequantized cache";
   } else {
-    launch(MlaKvDtype::kBf16);
+    launch(MlaKvDtype::kBf16, c.impl);
     if (::testing::Test::HasFatalFailure()) return;
   }
 
@@ -250,6 +254,31 @@ TEST_F(MlaDecodeTest, Fp8PagesEqualTheBf16KernelOnTheDequantizedCache) {
 TEST_F(MlaDecodeTest, EmptySequenceGivesZeroAndMinusInfLse) {
   RunCase({64, {0, 65, 0}, 1}, Seed());
   RunCase({64, {0, 65, 0}, 4}, Seed());
+}
+
+// kAuto takes the Hopper kernel for these on an H200; both kernels are checked by name here.
+TEST_F(MlaDecodeTest, BothKernelsForBlocksOf64Heads) {
+  for (MlaDecodeImpl impl : {MlaDecodeImpl::kMmaSync, MlaDecodeImpl::kSm90}) {
+    if (impl == MlaDecodeImpl::kSm90) {
+      MlaDecodeParams probe;
+      probe.num_heads_q = 64;
+      if (!MlaDecodeSm90Supported(probe)) GTEST_SKIP() << "not a compute capability 9.x device";
+    }
+    RunCase({64, kRagged, 1, false, impl}, Seed());
+    RunCase({64, {1, 63, 64, 65, 2049}, 64, false, impl}, Seed());
+    RunCase({128, {4096, 33, 31, 127, 128, 129}, 3, false, impl}, Seed());
+    RunCase({128, {0, 1, 700}, 0, false, impl}, Seed());
+  }
+}
+
+TEST_F(MlaDecodeTest, Sm90KernelRefusesWhatItDoesNotCover) {
+  MlaDecodeParams p;
+  p.impl = MlaDecodeImpl::kSm90;
+  p.num_heads_q = 32;
+  EXPECT_FALSE(MlaDecodeSm90Supported(p));
+  p.num_heads_q = 64;
+  p.kv_dtype = MlaKvDtype::kFp8E4M3;
+  EXPECT_FALSE(MlaDecodeSm90Supported(p));
 }
 
 }  // namespace

@@ -1,0 +1,109 @@
+// Device helpers for Hopper (sm_90a) kernels: mbarriers, TMA tensor loads, wgmma fences and
+// shared-memory matrix descriptors, named barriers. Header-only, included by .cu files.
+//
+// Vocabulary (PTX ISA, "asynchronous warpgroup level matrix" and "tensor copy"):
+//  - A TMA load writes a box of a 2-D tensor into shared memory and counts its bytes on an
+//    mbarrier (complete_tx); waiters spin on the barrier's phase parity.
+//  - With the 128-byte swizzle a box row is 128 bytes and its 16-byte chunk c lands at chunk
+//    c ^ (row % 8); 8 rows form a 1,024-byte atom. wgmma reads exactly that layout when its
+//    descriptor says so (layout type 1) and the atom starts 1,024-byte aligned.
+//  - Writes by ordinary stores become visible to wgmma and TMA (the async proxy) only after
+//    fence.proxy.async by the writing threads and a barrier.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace strata::kernels::sm90 {
+
+__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void MbarInit(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(SmemAddr(bar)), "r"(count));
+}
+
+// Makes barrier initialisation visible to the async proxy (TMA) before any use.
+__device__ __forceinline__ void FenceBarrierInit() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void MbarArriveExpectTx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(SmemAddr(bar)),
+               "r"(bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void MbarArrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(SmemAddr(bar)) : "memory");
+}
+
+// Spins until the phase with the given parity has completed.
+__device__ __forceinline__ void MbarWait(uint64_t* bar, uint32_t parity) {
+  const uint32_t addr = SmemAddr(bar);
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(addr), "r"(parity)
+        : "memory");
+  } while (done == 0);
+}
+
+// TMA: the box at element coordinates (x = inner, y = row) of `map` into `dst`, counted on `bar`.
+__device__ __forceinline__ void TmaLoad2d(void* dst, const void* map, int x, int y, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, "
+      "%3}], [%4];\n" ::"r"(SmemAddr(dst)),
+      "l"(map), "r"(x), "r"(y), "r"(SmemAddr(bar))
+      : "memory");
+}
+
+__device__ __forceinline__ void PrefetchTensorMap(const void* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(map) : "memory");
+}
+
+__device__ __forceinline__ void FenceProxyAsync() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// bar.sync on a named barrier (1..15; 0 is __syncthreads) for `threads` threads.
+__device__ __forceinline__ void NamedBarrier(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+__device__ __forceinline__ void WgmmaFence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void WgmmaCommit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int kPending>
+__device__ __forceinline__ void WgmmaWait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
+
+// Shared-memory matrix descriptor for a 128-byte-swizzled operand starting at `p` (the atom it is
+// in must be 1,024-byte aligned; `p` may sit 32, 64 or 96 bytes into a row to pick a k-step).
+// Byte offsets: `lbo` = leading dimension, `sbo` = stride dimension (PTX matrix-descriptor
+// format). K-major operands: lbo unused (16), sbo = 1,024 (next 8 rows). MN-major operands:
+// lbo = next 64 elements along M/N, sbo = next 8 rows along K.
+__device__ __forceinline__ uint64_t DescSw128(const void* p, uint32_t lbo, uint32_t sbo) {
+  return static_cast<uint64_t>((SmemAddr(p) & 0x3FFFF) >> 4) |
+         (static_cast<uint64_t>(lbo >> 4) << 16) | (static_cast<uint64_t>(sbo >> 4) << 32) |
+         (uint64_t{1} << 62);
+}
+
+// Keeps the compiler from reading or moving accumulator registers between a wgmma's issue and its
+// wait.
+template <int kN>
+__device__ __forceinline__ void PinRegisters(float (&r)[kN]) {
+#pragma unroll
+  for (int i = 0; i < kN; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+
+}  // namespace strata::kernels::sm90
