@@ -183,10 +183,12 @@ absl::Status BenchMlaDecode(int iters, nlohmann::json& report) {
           best_splits = splits;
         }
       }
-      // Side by side at the chosen splits: the mma.sync kernel, where kAuto took the Hopper one.
+      // Side by side: the mma.sync kernel at its own split choice, where kAuto took the Hopper one.
       double mma_sync_ms = 0;
-      if (h_q % 64 == 0) {
-        p.num_splits = chosen;
+      if (kernels::MlaDecodeSm90Applies(p.kv_dtype)) {
+        p.num_splits =
+            kernels::MlaDecodeNumSplits(kBatch, h_q, s_k, num_sms, kernels::MlaKvDtype::kBf16,
+                                        kernels::MlaDecodeImpl::kMmaSync);
         p.impl = kernels::MlaDecodeImpl::kMmaSync;
         p.o_accum = nullptr;
         p.lse_accum = nullptr;

@@ -14,13 +14,23 @@ absl::Status Invalid(const std::string& what) {
 
 }  // namespace
 
-int MlaDecodeNumSplits(int batch, int num_heads_q, int max_seqlen, int num_sms) {
+int MlaDecodeNumSplits(int batch, int num_heads_q, int max_seqlen, int num_sms, MlaKvDtype kv_dtype,
+                       MlaDecodeImpl impl) {
   if (batch <= 0 || num_heads_q <= 0 || num_sms <= 0 || max_seqlen <= 0) return 1;
-  const int heads_per_block = num_heads_q % 64 == 0 ? 64 : (num_heads_q % 32 == 0 ? 32 : 16);
-  const int64_t blocks = static_cast<int64_t>(batch) * (num_heads_q / heads_per_block);
-  // Blocks of 16 heads run two to an SM (mla_detail::Layout::kBlocksPerSm).
-  if (heads_per_block == 16) num_sms *= 2;
-  const int tiles = (max_seqlen + 31) / 32;
+  const bool sm90 = impl == MlaDecodeImpl::kSm90 ||
+                    (impl == MlaDecodeImpl::kAuto && MlaDecodeSm90Applies(kv_dtype));
+  // Blocks and their tiles: the Hopper kernel takes 64 heads (64-token tiles, one block per SM);
+  // the mma.sync one 16, 32 or 64 (32-token tiles; blocks of 16 run two to an SM, see
+  // mla_detail::Layout::kBlocksPerSm).
+  int heads_per_block = 64, tile_tokens = 64;
+  if (!sm90) {
+    heads_per_block = num_heads_q % 64 == 0 ? 64 : (num_heads_q % 32 == 0 ? 32 : 16);
+    tile_tokens = 32;
+    if (heads_per_block == 16) num_sms *= 2;
+  }
+  const int64_t blocks =
+      static_cast<int64_t>(batch) * ((num_heads_q + heads_per_block - 1) / heads_per_block);
+  const int tiles = (max_seqlen + tile_tokens - 1) / tile_tokens;
   // Modelled time: waves of one block per SM, each as long as one split's tiles plus a fixed cost
   // (prologue, epilogue, combine traffic) worth about two tiles.
   int best = 1;
@@ -87,11 +97,10 @@ absl::Status ValidateMlaDecodeParams(const MlaDecodeParams& p) {
 
 absl::Status LaunchMlaDecode(const MlaDecodeParams& params, cudaStream_t stream) {
   if (absl::Status st = ValidateMlaDecodeParams(params); !st.ok()) return st;
-  const bool sm90 = params.impl != MlaDecodeImpl::kMmaSync && MlaDecodeSm90Supported(params);
+  const bool sm90 = params.impl != MlaDecodeImpl::kMmaSync && MlaDecodeSm90Applies(params.kv_dtype);
   if (params.impl == MlaDecodeImpl::kSm90 && !sm90) {
     return absl::FailedPreconditionError(
-        "LaunchMlaDecode: the sm90 kernel needs bf16 pages, num_heads_q a multiple of 64 and a "
-        "compute capability 9.x device");
+        "LaunchMlaDecode: the sm90 kernel needs bf16 pages and a compute capability 9.x device");
   }
   const absl::Status split_kv =
       sm90                           ? LaunchMlaDecodeSm90(params, stream)

@@ -48,9 +48,10 @@ inline constexpr int kMlaFp8PageBytes = kMlaPageSize * (kMlaValueDim + 4 * 4 + 6
 enum class MlaKvDtype { kBf16, kFp8E4M3 };
 
 // Which kernel computes the attention. kAuto takes the Hopper kernel (TMA + wgmma, blocks of 64
-// heads) where it applies: bf16 pages, num_heads_q a multiple of 64, a compute capability 9.x
-// device; else the mma.sync kernel. Naming one forces it (kSm90 fails where it does not apply):
-// for tests and side-by-side benchmarks.
+// heads; fewer heads fill the block's rows and drop the rest) where it applies: bf16 pages on a
+// compute capability 9.x device; else the mma.sync kernel (blocks of 16, 32 or 64 heads, bf16 or
+// fp8 pages). Naming one forces it (kSm90 fails where it does not apply): for tests and
+// side-by-side benchmarks.
 enum class MlaDecodeImpl { kAuto, kMmaSync, kSm90 };
 
 struct MlaDecodeParams {
@@ -75,8 +76,11 @@ struct MlaDecodeParams {
   float* lse_accum = nullptr;  // [batch][num_splits][num_heads_q]
 };
 
-// Splits per sequence that balance `batch` sequences of up to `max_seqlen` tokens over `num_sms`.
-int MlaDecodeNumSplits(int batch, int num_heads_q, int max_seqlen, int num_sms);
+// Splits per sequence that balance `batch` sequences of up to `max_seqlen` tokens over `num_sms`,
+// for the blocks of the kernel `impl` runs (kAuto: the one it picks on the current device).
+int MlaDecodeNumSplits(int batch, int num_heads_q, int max_seqlen, int num_sms,
+                       MlaKvDtype kv_dtype = MlaKvDtype::kBf16,
+                       MlaDecodeImpl impl = MlaDecodeImpl::kAuto);
 
 // Bytes of workspace for o_accum followed by lse_accum (0 when num_splits == 1).
 size_t MlaDecodeWorkspaceBytes(int batch, int num_heads_q, int num_splits);
@@ -95,8 +99,10 @@ absl::Status LaunchMlaDecode(const MlaDecodeParams& params, cudaStream_t stream)
 template <int kMTiles>
 absl::Status LaunchMlaDecodeSplitKv(const MlaDecodeParams& params, cudaStream_t stream);
 absl::Status LaunchMlaDecodeCombine(const MlaDecodeParams& params, cudaStream_t stream);
-// Internal: the Hopper kernel (mla_decode_sm90.cu) and whether it applies to `params` here.
-bool MlaDecodeSm90Supported(const MlaDecodeParams& params);
+// Whether the Hopper kernel applies to pages of `kv_dtype` on the current device.
+bool MlaDecodeSm90Applies(MlaKvDtype kv_dtype);
+
+// Internal: the Hopper kernel (mla_decode_sm90.cu).
 absl::Status LaunchMlaDecodeSm90(const MlaDecodeParams& params, cudaStream_t stream);
 
 }  // namespace strata::kernels

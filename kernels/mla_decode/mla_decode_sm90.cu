@@ -3,8 +3,10 @@
 // cases).
 //
 // A block has a producer warpgroup and two consumer warpgroups (384 threads; setmaxnreg moves the
-// producer's registers to the consumers) and takes 64 heads of one
-// sequence over one split's range of 64-token tiles (one tile = one page):
+// producer's registers to the consumers) and takes 64 heads of one sequence over one split's
+// range of 64-token tiles (one tile = one page). With fewer heads left (h_q 16, 32, 48, 96, ...)
+// the block still computes 64 rows, on whatever Q rows follow (TMA zero-fills past the end), and
+// stores only its heads: the tensor work is not the bound of those shapes, the KV bytes are.
 //  - The producer loads Q once, then each tile's page as 9 boxes of 64 tokens x 64 dims, by TMA
 //    with the 128-byte swizzle, into a 2-stage ring (full/empty mbarriers).
 //  - Consumer warpgroup g computes S = Q K^T for tokens [32g, 32g + 32) of the tile (wgmma
@@ -272,6 +274,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int row = row0 + 8 * r, head = head0 + row;
+    if (head >= h_q) continue;  // a block of fewer heads computes these rows and drops them
     const float l = red_sum[row] + red_sum[kHeads + row];
     const float inv = l > 0.f ? 1.f / l : 0.f;
     const size_t out_row = direct ? static_cast<size_t>(b) * h_q + head
@@ -338,8 +341,8 @@ absl::Status EncodeRows(CUtensorMap* map, const void* base, uint64_t rows) {
 
 }  // namespace mla_sm90
 
-bool MlaDecodeSm90Supported(const MlaDecodeParams& params) {
-  if (params.kv_dtype != MlaKvDtype::kBf16 || params.num_heads_q % 64 != 0) return false;
+bool MlaDecodeSm90Applies(MlaKvDtype kv_dtype) {
+  if (kv_dtype != MlaKvDtype::kBf16) return false;
   // Compute capability of each device, looked up once (the kernel is built for sm_90a only).
   static std::atomic<int> major_of[64] = {};
   int device = 0;
@@ -365,7 +368,7 @@ absl::Status LaunchMlaDecodeSm90(const MlaDecodeParams& params, cudaStream_t str
   }
   CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
       MlaDecodeSm90Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
-  const dim3 grid(params.num_heads_q / kHeads, params.num_splits, params.batch);
+  const dim3 grid((params.num_heads_q + kHeads - 1) / kHeads, params.num_splits, params.batch);
   (void)LaunchPdl(MlaDecodeSm90Kernel, grid, dim3(kThreads), kSmemBytes, stream, params, q_map,
                   kv_map);
   CUDA_RETURN_IF_ERROR(cudaGetLastError());

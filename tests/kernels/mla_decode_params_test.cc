@@ -61,14 +61,24 @@ TEST(MlaDecodeParamsTest, LaunchRejectsBeforeTouchingTheDevice) {
 
 TEST(MlaDecodeParamsTest, SplitsAndWorkspace) {
   // Long sequences, few blocks: split to fill 132 SMs; one block per SM's worth: no split.
-  EXPECT_GT(MlaDecodeNumSplits(1, 64, 32768, 132), 16);
-  EXPECT_EQ(MlaDecodeNumSplits(4, 16, 40, 132), 2);  // 2 tiles at most -> at most 2 splits
-  EXPECT_LE(MlaDecodeNumSplits(1, 16, 1, 132), 1);
-  for (int s : {1, 4, 64}) {
-    const int n = MlaDecodeNumSplits(128, 128, 1024 * s, 132);
-    EXPECT_GE(n, 1);
-    EXPECT_LE(n, kMlaMaxSplits);
+  constexpr MlaKvDtype kBf16 = MlaKvDtype::kBf16;
+  for (MlaDecodeImpl impl : {MlaDecodeImpl::kMmaSync, MlaDecodeImpl::kSm90}) {
+    EXPECT_GT(MlaDecodeNumSplits(1, 64, 32768, 132, kBf16, impl), 16);
+    EXPECT_LE(MlaDecodeNumSplits(1, 16, 1, 132, kBf16, impl), 1);
+    EXPECT_EQ(MlaDecodeNumSplits(128, 64, 4096, 132, kBf16, impl), 1);
+    for (int s : {1, 4, 64}) {
+      const int n = MlaDecodeNumSplits(128, 128, 1024 * s, 132, kBf16, impl);
+      EXPECT_GE(n, 1);
+      EXPECT_LE(n, kMlaMaxSplits);
+    }
   }
+  // 40 tokens: 2 tiles of 32 for mma.sync (at most 2 splits), 1 tile of 64 for the Hopper kernel.
+  EXPECT_EQ(MlaDecodeNumSplits(4, 16, 40, 132, kBf16, MlaDecodeImpl::kMmaSync), 2);
+  EXPECT_EQ(MlaDecodeNumSplits(4, 16, 40, 132, kBf16, MlaDecodeImpl::kSm90), 1);
+  // Blocks of 16 heads share an SM in pairs on mma.sync: 128 sequences still split in two; the
+  // Hopper kernel takes them as 128 blocks of one SM each.
+  EXPECT_EQ(MlaDecodeNumSplits(128, 16, 4096, 132, kBf16, MlaDecodeImpl::kMmaSync), 2);
+  EXPECT_EQ(MlaDecodeNumSplits(128, 16, 4096, 132, kBf16, MlaDecodeImpl::kSm90), 1);
   EXPECT_EQ(MlaDecodeWorkspaceBytes(8, 64, 1), 0u);
   MlaDecodeParams p = ValidParams();
   p.num_splits = 3;

@@ -256,29 +256,42 @@ TEST_F(MlaDecodeTest, EmptySequenceGivesZeroAndMinusInfLse) {
   RunCase({64, {0, 65, 0}, 4}, Seed());
 }
 
-// kAuto takes the Hopper kernel for these on an H200; both kernels are checked by name here.
-TEST_F(MlaDecodeTest, BothKernelsForBlocksOf64Heads) {
+// kAuto takes the Hopper kernel for bf16 pages on an H200; both kernels are checked by name here,
+// at every block shape (heads 16..128: the Hopper kernel fills 64-row blocks and drops the rest).
+TEST_F(MlaDecodeTest, BothKernelsAtEveryHeadCount) {
   for (MlaDecodeImpl impl : {MlaDecodeImpl::kMmaSync, MlaDecodeImpl::kSm90}) {
-    if (impl == MlaDecodeImpl::kSm90) {
-      MlaDecodeParams probe;
-      probe.num_heads_q = 64;
-      if (!MlaDecodeSm90Supported(probe)) GTEST_SKIP() << "not a compute capability 9.x device";
+    if (impl == MlaDecodeImpl::kSm90 && !MlaDecodeSm90Applies(MlaKvDtype::kBf16)) {
+      GTEST_SKIP() << "not a compute capability 9.x device";
     }
+    RunCase({16, kRagged, 1, false, impl}, Seed());
+    RunCase({32, {100, 700, 64}, 3, false, impl}, Seed());
+    RunCase({48, {1, 129, 2049}, 2, false, impl}, Seed());
     RunCase({64, kRagged, 1, false, impl}, Seed());
     RunCase({64, {1, 63, 64, 65, 2049}, 64, false, impl}, Seed());
+    RunCase({96, {129, 800}, 0, false, impl}, Seed());
     RunCase({128, {4096, 33, 31, 127, 128, 129}, 3, false, impl}, Seed());
     RunCase({128, {0, 1, 700}, 0, false, impl}, Seed());
   }
 }
 
-TEST_F(MlaDecodeTest, Sm90KernelRefusesWhatItDoesNotCover) {
+TEST_F(MlaDecodeTest, Sm90KernelRefusesFp8Pages) {
+  EXPECT_FALSE(MlaDecodeSm90Applies(MlaKvDtype::kFp8E4M3));
   MlaDecodeParams p;
-  p.impl = MlaDecodeImpl::kSm90;
-  p.num_heads_q = 32;
-  EXPECT_FALSE(MlaDecodeSm90Supported(p));
+  p.batch = 1;
   p.num_heads_q = 64;
+  p.num_pages = 1;
+  p.max_pages_per_seq = 1;
+  p.softmax_scale = 0.1f;
   p.kv_dtype = MlaKvDtype::kFp8E4M3;
-  EXPECT_FALSE(MlaDecodeSm90Supported(p));
+  p.impl = MlaDecodeImpl::kSm90;
+  alignas(16) static uint8_t dummy[64];
+  p.q = reinterpret_cast<const __nv_bfloat16*>(dummy);
+  p.kv_cache_fp8 = dummy;
+  p.block_table = reinterpret_cast<const int32_t*>(dummy);
+  p.seqlens = reinterpret_cast<const int32_t*>(dummy);
+  p.out = reinterpret_cast<__nv_bfloat16*>(dummy);
+  p.lse = reinterpret_cast<float*>(dummy);
+  EXPECT_EQ(LaunchMlaDecode(p, nullptr).code(), absl::StatusCode::kFailedPrecondition);
 }
 
 }  // namespace
