@@ -9,12 +9,15 @@
 // stores only its heads: the tensor work is not the bound of those shapes, the KV bytes are.
 //  - The producer loads Q once, then each tile's page as 9 boxes of 64 tokens x 64 dims, by TMA
 //    with the 128-byte swizzle, into a 2-stage ring (full/empty mbarriers).
-//  - Consumer warpgroup g computes S = Q K^T for tokens [32g, 32g + 32) of the tile (wgmma
-//    m64n32k16, both operands from shared memory), scales and masks it, and the two exchange their
-//    row maxima through shared memory (the online softmax keeps one running max per head).
-//  - Each writes its half of P (bf16) into a swizzled 64 x 64 tile; then warpgroup g accumulates
-//    O[:, 256g, 256g + 256) += P V with V = the tile's latent dims (wgmma m64n256k16, V read
-//    MN-major straight from the K layout). Row sums stay per warpgroup and meet in the epilogue.
+//  - Consumer warpgroup g computes the partial S = Q K^T over dims [288g, 288g + 288) for the
+//    whole tile (wgmma m64n64k16, both operands from shared memory); the two swap the partials of
+//    each other's 32 token columns through shared memory, so warpgroup g holds the S of tokens
+//    [32g, 32g + 32). Each scales and masks it, and the two exchange their row maxima (the online
+//    softmax keeps one running max per head).
+//  - Each writes its half of P (bf16) into a swizzled 64 x 64 tile over the tile's k_pe box (which
+//    only S reads); then warpgroup g accumulates O[:, 256g, 256g + 256) += P V with V = the tile's
+//    latent dims (wgmma m64n256k16, V read MN-major straight from the K layout). Row sums stay
+//    per warpgroup and meet in the epilogue.
 // Tokens of the last tile past the sequence are masked in S (-inf) and their V rows are zeroed in
 // shared memory before P V (P is 0 there, but 0 x NaN is not).
 #include <cuda.h>
@@ -46,8 +49,8 @@ constexpr int kThreads = kConsumerThreads + 128;  // + a producer warpgroup
 // Shared memory, from a 1,024-byte aligned base.
 constexpr int kQOffset = 0;
 constexpr int kKvOffset = kQOffset + kMatBytes;
-constexpr int kPOffset = kKvOffset + kStages * kMatBytes;  // P: 64 heads x 64 tokens, swizzled
-constexpr int kMaxOffset = kPOffset + kBoxBytes;           // row maxima [2][64] f32
+constexpr int kXOffset = kKvOffset + kStages * kMatBytes;  // S partials from warpgroup 0
+constexpr int kMaxOffset = kXOffset + kBoxBytes;           // row maxima [2][64] f32
 constexpr int kSumOffset = kMaxOffset + 2 * kHeads * 4;    // row sums [2][64] f32
 constexpr int kBarOffset = kSumOffset + 2 * kHeads * 4;    // q_full, full[2], empty[2]
 constexpr int kSmemBytes = kBarOffset + (1 + 2 * kStages) * 8 + 1024;  // + alignment slack
@@ -56,14 +59,16 @@ static_assert(kSmemBytes <= 227 * 1024, "shared memory of one block");
 #define STRATA_F4(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3])
 #define STRATA_F16(i) STRATA_F4(i), STRATA_F4(i + 4), STRATA_F4(i + 8), STRATA_F4(i + 12)
 
-// d (64 x 32) = (accumulate ? d : 0) + A (64 x 16) B (32 x 16)^T; A and B K-major, by descriptor.
-__device__ __forceinline__ void WgmmaM64N32(float (&d)[16], uint64_t a, uint64_t b,
+// d (64 x 64) = (accumulate ? d : 0) + A (64 x 16) B (64 x 16)^T; A and B K-major, by descriptor.
+__device__ __forceinline__ void WgmmaM64N64(float (&d)[32], uint64_t a, uint64_t b,
                                             int accumulate) {
   asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
-      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
-      : STRATA_F16(0)
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1, 0, "
+      "0;\n}\n"
+      : STRATA_F16(0), STRATA_F16(16)
       : "l"(a), "l"(b), "r"(accumulate));
 }
 
@@ -104,7 +109,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint8_t* smem = smem_raw + ((1024 - (SmemAddr(smem_raw) & 1023)) & 1023);
   uint8_t* sq = smem + kQOffset;
   uint8_t* skv = smem + kKvOffset;
-  uint8_t* sp = smem + kPOffset;
+  uint8_t* sx = smem + kXOffset;
   float* red_max = reinterpret_cast<float*>(smem + kMaxOffset);
   float* red_sum = reinterpret_cast<float*>(smem + kSumOffset);
   uint64_t* q_full = reinterpret_cast<uint64_t*>(smem + kBarOffset);
@@ -188,16 +193,35 @@ __global__ void __launch_bounds__(kThreads, 1)
       FenceProxyAsync();
     }
 
+    // S = Q K^T: warpgroup g over dims [288g, 288g + 288) for all 64 tokens (m64n64, at the
+    // wide N where wgmma is efficient); each hands the other the partial sums of the other's 32
+    // token columns (warpgroup 0 through the P buffer, warpgroup 1 through the k_pe box, which
+    // only its own S reads), so each ends with the full S of its columns in the n32 layout.
     float s[16];
-    WgmmaFence();
+    {
+      float s64[32];  // columns 0..31 in s64[0..15], 32..63 in s64[16..31]
+      WgmmaFence();
 #pragma unroll
-    for (int ks = 0; ks < kMlaQkHeadDim / 16; ++ks) {
-      const int off = (ks / 4) * kBoxBytes + (ks % 4) * 32;
-      WgmmaM64N32(s, KMajor(sq + off), KMajor(kvs + off + wg * 32 * 128), ks > 0 ? 1 : 0);
+      for (int k = 0; k < kMlaQkHeadDim / 32; ++k) {
+        const int ks = wg * (kMlaQkHeadDim / 32) + k;
+        const int off = (ks / 4) * kBoxBytes + (ks % 4) * 32;
+        WgmmaM64N64(s64, KMajor(sq + off), KMajor(kvs + off), k > 0 ? 1 : 0);
+      }
+      WgmmaCommit();
+      WgmmaWait<0>();
+      PinRegisters(s64);
+      uint8_t* rope_box = kvs + (kBoxes - 1) * kBoxBytes;
+      float* x_mine = reinterpret_cast<float*>(wg == 0 ? sx : rope_box);
+      const float* x_other = reinterpret_cast<const float*>(wg == 0 ? rope_box : sx);
+      const int t = tid % 128;
+#pragma unroll
+      for (int k = 0; k < 16; ++k) x_mine[k * 128 + t] = wg == 0 ? s64[16 + k] : s64[k];
+      NamedBarrier(1, kConsumerThreads);
+#pragma unroll
+      for (int k = 0; k < 16; ++k) s[k] = (wg == 0 ? s64[k] : s64[16 + k]) + x_other[k * 128 + t];
     }
-    WgmmaCommit();
-    WgmmaWait<0>();
-    PinRegisters(s);
+    // P goes over the k_pe box: free once both warpgroups have read the exchange (barrier below).
+    uint8_t* ptile = kvs + (kBoxes - 1) * kBoxBytes;
 
     // Scale to base 2, mask, row maxima over both warpgroups.
     const int col0 = tile * kTile + 32 * wg + 2 * (lane % 4);
@@ -235,7 +259,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                                                         exp2f(s[4 * j + 2 * r + 1] - base[r]));
         sum[r] += __low2float(pv) + __high2float(pv);
         const int row = row0 + 8 * r, chunk = (4 * wg + j) ^ (row % 8);
-        *reinterpret_cast<__nv_bfloat162*>(sp + row * 128 + chunk * 16 + (lane % 4) * 4) = pv;
+        *reinterpret_cast<__nv_bfloat162*>(ptile + row * 128 + chunk * 16 + (lane % 4) * 4) = pv;
       }
     }
 #pragma unroll
@@ -254,7 +278,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     WgmmaFence();
 #pragma unroll
     for (int kk = 0; kk < kTile / 16; ++kk) {
-      WgmmaM64N256(o, KMajor(sp + kk * 32), VDesc(kvs + 4 * wg * kBoxBytes + kk * 16 * 128));
+      WgmmaM64N256(o, KMajor(ptile + kk * 32), VDesc(kvs + 4 * wg * kBoxBytes + kk * 16 * 128));
     }
     WgmmaCommit();
     WgmmaWait<0>();
