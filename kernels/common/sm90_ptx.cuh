@@ -63,6 +63,16 @@ __device__ __forceinline__ void TmaLoad2d(void* dst, const void* map, int x, int
       : "memory");
 }
 
+// The same for a 3-D map (x = inner, then y, z).
+__device__ __forceinline__ void TmaLoad3d(void* dst, const void* map, int x, int y, int z,
+                                          uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, "
+      "%3, %4}], [%5];\n" ::"r"(SmemAddr(dst)),
+      "l"(map), "r"(x), "r"(y), "r"(z), "r"(SmemAddr(bar))
+      : "memory");
+}
+
 __device__ __forceinline__ void PrefetchTensorMap(const void* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(map) : "memory");
 }

@@ -20,16 +20,11 @@
 //    per warpgroup and meet in the epilogue.
 // Tokens of the last tile past the sequence are masked in S (-inf) and their V rows are zeroed in
 // shared memory before P V (P is 0 there, but 0 x NaN is not).
-#include <cuda.h>
-#include <cudaTypedefs.h>
-
-#include <atomic>
-#include <string>
-
-#include "absl/status/statusor.h"
 #include "common/cuda/cuda_status.h"
 #include "kernels/common/pdl.cuh"
+#include "kernels/common/sm90_device.h"
 #include "kernels/common/sm90_ptx.cuh"
+#include "kernels/common/tensor_map.h"
 #include "kernels/mla_decode/mla_decode.h"
 
 namespace strata::kernels {
@@ -325,69 +320,26 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
 }
 
-// cuTensorMapEncodeTiled from the driver, found once through the runtime (no link to libcuda).
-absl::StatusOr<PFN_cuTensorMapEncodeTiled_v12000> EncodeFunction() {
-  static const auto fn = []() -> PFN_cuTensorMapEncodeTiled_v12000 {
-    void* ptr = nullptr;
-    cudaDriverEntryPointQueryResult found{};
-    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &ptr, 12000, cudaEnableDefault,
-                                         &found) != cudaSuccess ||
-        found != cudaDriverEntryPointSuccess) {
-      return nullptr;
-    }
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(ptr);
-  }();
-  if (fn == nullptr) {
-    return absl::FailedPreconditionError(
-        "LaunchMlaDecode: the driver has no cuTensorMapEncodeTiled");
-  }
-  return fn;
-}
-
-// A [rows][576] bf16 matrix read in 64 x 64 boxes with the 128-byte swizzle.
-absl::Status EncodeRows(CUtensorMap* map, const void* base, uint64_t rows) {
-  const absl::StatusOr<PFN_cuTensorMapEncodeTiled_v12000> encode = EncodeFunction();
-  if (!encode.ok()) return encode.status();
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(kMlaQkHeadDim), rows};
-  const cuuint64_t strides[1] = {kMlaQkHeadDim * 2};
-  const cuuint32_t box[2] = {kBoxCols, 64};
-  const cuuint32_t element_strides[2] = {1, 1};
-  const CUresult r =
-      (*encode)(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void*>(base), dims, strides,
-                box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  if (r != CUDA_SUCCESS) {
-    return absl::InternalError("LaunchMlaDecode: cuTensorMapEncodeTiled failed with CUresult " +
-                               std::to_string(static_cast<int>(r)));
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace mla_sm90
 
 bool MlaDecodeSm90Applies(MlaKvDtype kv_dtype) {
-  if (kv_dtype != MlaKvDtype::kBf16) return false;
-  // Compute capability of each device, looked up once (the kernel is built for sm_90a only).
-  static std::atomic<int> major_of[64] = {};
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= 64) return false;
-  int major = major_of[device].load(std::memory_order_relaxed);
-  if (major == 0) {
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
-      return false;
-    }
-    major_of[device].store(major, std::memory_order_relaxed);
-  }
-  return major == 9;
+  return kv_dtype == MlaKvDtype::kBf16 && CurrentDeviceIsSm90();
 }
 
 absl::Status LaunchMlaDecodeSm90(const MlaDecodeParams& params, cudaStream_t stream) {
   using namespace mla_sm90;  // NOLINT(build/namespaces)
+  // Q and the pages as [rows][576] bf16 matrices read in 64 x 64 boxes.
   CUtensorMap q_map, kv_map;
+  const uint64_t row_bytes = kMlaQkHeadDim * 2;
+  const uint32_t box[2] = {kBoxCols, 64};
+  const uint64_t q_dims[2] = {kMlaQkHeadDim,
+                              static_cast<uint64_t>(params.batch) * params.num_heads_q};
+  const uint64_t kv_dims[2] = {kMlaQkHeadDim,
+                               static_cast<uint64_t>(params.num_pages) * kMlaPageSize};
   for (const absl::Status& st :
-       {EncodeRows(&q_map, params.q, static_cast<uint64_t>(params.batch) * params.num_heads_q),
-        EncodeRows(&kv_map, params.kv_cache,
-                   static_cast<uint64_t>(params.num_pages) * kMlaPageSize)}) {
+       {EncodeBf16TensorMap(&q_map, params.q, 2, q_dims, &row_bytes, box, "MLA decode q"),
+        EncodeBf16TensorMap(&kv_map, params.kv_cache, 2, kv_dims, &row_bytes, box,
+                            "MLA decode kv_cache")}) {
     if (!st.ok()) return st;
   }
   CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(

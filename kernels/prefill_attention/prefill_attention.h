@@ -53,6 +53,9 @@ struct PrefillAttentionParams {
   __nv_bfloat16* out = nullptr;  // [total_q][heads][128]
   int64_t out_token_stride = 0, out_head_stride = 0;
   float* lse = nullptr;  // [total_q][num_heads], natural log
+  // Rows of k and v (cu_seqlens_k[batch]); the TMA variant needs it to bound its loads (0:
+  // unknown, and LaunchPrefillAttention takes a variant that does not).
+  int64_t total_k = 0;
 };
 
 absl::Status ValidatePrefillAttentionParams(const PrefillAttentionParams& params);
@@ -63,11 +66,17 @@ absl::Status LaunchPrefillAttention(const PrefillAttentionParams& params, cudaSt
 // tile / Q held in registers; 2 / 3: the same with 4 warps and 64 rows (2 blocks per SM); 4: as 1
 // with S = Q K^T on wgmma (sm_90a); 5: as 4 with P V on wgmma too. 4 and 5 are correct but not yet
 // faster (each wgmma is waited for at once; see prefill_attention/NOTES.md); 6: both on wgmma with
-// S(t+1) issued before the softmax of tile t (3-stage ring). Default: the fastest measured on the
-// H200 at 128 heads.
-inline constexpr int kPrefillAttentionVariants = 7;
-inline constexpr int kPrefillAttentionDefaultVariant = 1;
+// S(t+1) issued before the softmax of tile t (3-stage ring); 7: TMA loads by a producer
+// warpgroup into a 4-stage ring, two consumer warpgroups on wgmma (sm_90a, needs total_k); 8: as
+// 7 with the softmax of tile t + 1 beside P V of tile t.
+// LaunchPrefillAttention takes PrefillAttentionVariantFor(params): 8 where it applies (total_k
+// set, a compute capability 9.x device), else 1 (the fastest of the others on the H200).
+inline constexpr int kPrefillAttentionVariants = 9;
+int PrefillAttentionVariantFor(const PrefillAttentionParams& params);
 absl::Status LaunchPrefillAttentionVariant(const PrefillAttentionParams& params, int variant,
                                            cudaStream_t stream);
+// Internal: variants 7 and 8 (prefill_attention_sm90.cu).
+absl::Status LaunchPrefillAttentionSm90(const PrefillAttentionParams& params, bool overlap,
+                                        cudaStream_t stream);
 
 }  // namespace strata::kernels

@@ -121,6 +121,7 @@ class PrefillAttentionTest : public ::testing::TestWithParam<int> {  // param: k
     p.out_token_stride = H * kV;
     p.out_head_stride = kV;
     p.lse = lse.get<float>();
+    p.total_k = cu_k.back();
     const absl::Status st = LaunchPrefillAttentionVariant(p, GetParam(), nullptr);
     ASSERT_TRUE(st.ok()) << st;
     ASSERT_CUDA_OK(cudaDeviceSynchronize());

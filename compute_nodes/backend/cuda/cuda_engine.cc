@@ -719,6 +719,7 @@ absl::Status CudaEngine::Impl::MhaAttention(const DeviceLayer& L, const StepPlan
     p.out_token_stride = heads * kPadV;
     p.out_head_stride = kPadV;
     p.lse = plse.as<float>();
+    p.total_k = static_cast<int64_t>(sq.ctx);
     RETURN_IF_ERROR(kernels::LaunchPrefillAttention(p, s));
     cp = {sq.q_len,
           heads,

@@ -1,0 +1,25 @@
+// Whether the current CUDA device runs the kernels built for sm_90a (compute capability 9.x),
+// looked up once per device. Header-only, plain C++ (the launchers' host code includes it).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <atomic>
+
+namespace strata::kernels {
+
+inline bool CurrentDeviceIsSm90() {
+  static std::atomic<int> major_of[64] = {};
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= 64) return false;
+  int major = major_of[device].load(std::memory_order_relaxed);
+  if (major == 0) {
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
+      return false;
+    }
+    major_of[device].store(major, std::memory_order_relaxed);
+  }
+  return major == 9;
+}
+
+}  // namespace strata::kernels
