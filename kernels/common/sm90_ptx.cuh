@@ -108,12 +108,35 @@ __device__ __forceinline__ uint64_t DescSw128(const void* p, uint32_t lbo, uint3
          (uint64_t{1} << 62);
 }
 
+// d (64 x 64 fp32; per warp the mma.sync C layout of its 16 rows: d[j] = columns 8j..8j+7) =
+// (accumulate ? d : 0) + A (64 x 16) B (64 x 16)^T, A and B K-major in shared memory, by
+// descriptor.
+__device__ __forceinline__ void WgmmaM64N64Ss(float (&d)[8][4], uint64_t a, uint64_t b,
+                                              int accumulate) {
+#define STRATA_F4(j) "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1, 0, "
+      "0;\n}\n"
+      : STRATA_F4(0), STRATA_F4(1), STRATA_F4(2), STRATA_F4(3), STRATA_F4(4), STRATA_F4(5),
+        STRATA_F4(6), STRATA_F4(7)
+      : "l"(a), "l"(b), "r"(accumulate));
+#undef STRATA_F4
+}
+
 // Keeps the compiler from reading or moving accumulator registers between a wgmma's issue and its
 // wait.
 template <int kN>
 __device__ __forceinline__ void PinRegisters(float (&r)[kN]) {
 #pragma unroll
   for (int i = 0; i < kN; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+template <int kN>
+__device__ __forceinline__ void PinRegisters(float (&r)[kN][4]) {
+#pragma unroll
+  for (int i = 0; i < kN; ++i) PinRegisters(r[i]);
 }
 
 }  // namespace strata::kernels::sm90

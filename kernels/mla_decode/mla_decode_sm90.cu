@@ -54,19 +54,6 @@ static_assert(kSmemBytes <= 227 * 1024, "shared memory of one block");
 #define STRATA_F4(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3])
 #define STRATA_F16(i) STRATA_F4(i), STRATA_F4(i + 4), STRATA_F4(i + 8), STRATA_F4(i + 12)
 
-// d (64 x 64) = (accumulate ? d : 0) + A (64 x 16) B (64 x 16)^T; A and B K-major, by descriptor.
-__device__ __forceinline__ void WgmmaM64N64(float (&d)[32], uint64_t a, uint64_t b,
-                                            int accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
-      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1, 0, "
-      "0;\n}\n"
-      : STRATA_F16(0), STRATA_F16(16)
-      : "l"(a), "l"(b), "r"(accumulate));
-}
-
 // d (64 x 256) += A (64 x 16, K-major) B (16 x 256, MN-major: imm-trans-b), by descriptor.
 __device__ __forceinline__ void WgmmaM64N256(float (&d)[128], uint64_t a, uint64_t b) {
   asm volatile(
@@ -194,13 +181,13 @@ __global__ void __launch_bounds__(kThreads, 1)
     // only its own S reads), so each ends with the full S of its columns in the n32 layout.
     float s[16];
     {
-      float s64[32];  // columns 0..31 in s64[0..15], 32..63 in s64[16..31]
+      float s64[8][4];  // columns 8j..8j+7 in s64[j]: 0..31 in s64[0..3], 32..63 in s64[4..7]
       WgmmaFence();
 #pragma unroll
       for (int k = 0; k < kMlaQkHeadDim / 32; ++k) {
         const int ks = wg * (kMlaQkHeadDim / 32) + k;
         const int off = (ks / 4) * kBoxBytes + (ks % 4) * 32;
-        WgmmaM64N64(s64, KMajor(sq + off), KMajor(kvs + off), k > 0 ? 1 : 0);
+        WgmmaM64N64Ss(s64, KMajor(sq + off), KMajor(kvs + off), k > 0 ? 1 : 0);
       }
       WgmmaCommit();
       WgmmaWait<0>();
@@ -210,10 +197,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       const float* x_other = reinterpret_cast<const float*>(wg == 0 ? rope_box : sx);
       const int t = tid % 128;
 #pragma unroll
-      for (int k = 0; k < 16; ++k) x_mine[k * 128 + t] = wg == 0 ? s64[16 + k] : s64[k];
+      for (int k = 0; k < 16; ++k) {
+        x_mine[k * 128 + t] = wg == 0 ? s64[4 + k / 4][k % 4] : s64[k / 4][k % 4];
+      }
       NamedBarrier(1, kConsumerThreads);
 #pragma unroll
-      for (int k = 0; k < 16; ++k) s[k] = (wg == 0 ? s64[k] : s64[16 + k]) + x_other[k * 128 + t];
+      for (int k = 0; k < 16; ++k) {
+        s[k] = (wg == 0 ? s64[k / 4][k % 4] : s64[4 + k / 4][k % 4]) + x_other[k * 128 + t];
+      }
     }
     // P goes over the k_pe box: free once both warpgroups have read the exchange (barrier below).
     uint8_t* ptile = kvs + (kBoxes - 1) * kBoxBytes;

@@ -20,6 +20,8 @@ using prefill_detail::FenceOperands;
 using prefill_detail::kBlockN;
 using prefill_detail::kLn2;
 using prefill_detail::kLog2e;
+using prefill_detail::LocatePrefillBlock;
+using prefill_detail::PrefillBlock;
 using prefill_detail::SoftmaxStep;
 using prefill_detail::WgmmaPV;
 
@@ -147,15 +149,11 @@ __global__ void __launch_bounds__(Shape<kWarps>::kThreads, 8 / kWarps)
   auto* sK = reinterpret_cast<__nv_bfloat16*>(smem + kQBytes);
   auto* sV = reinterpret_cast<__nv_bfloat16*>(smem + kQBytes + 2 * kKStageBytes);
 
-  const int b = blockIdx.z, head = blockIdx.y;
-  const int m_block = gridDim.x - 1 - blockIdx.x;  // longest causal blocks first
-  const int q_begin = p.cu_seqlens_q[b], q_len = p.cu_seqlens_q[b + 1] - q_begin;
-  const int k_begin = p.cu_seqlens_k[b], k_len = p.cu_seqlens_k[b + 1] - k_begin;
-  const int m0 = m_block * kBlockM;
-  if (m0 >= q_len) return;
-  const int offset = k_len - q_len;  // row i sees keys j <= i + offset when causal
-  const int k_end = p.causal ? min(k_len, m0 + kBlockM + offset) : k_len;
-  const int n_tiles = k_end > 0 ? (k_end + kBlockN - 1) / kBlockN : 0;
+  const int head = blockIdx.y;
+  const PrefillBlock blk = LocatePrefillBlock(p, kBlockM);
+  if (blk.m0 >= blk.q_len) return;
+  const int q_begin = blk.q_begin, q_len = blk.q_len, k_begin = blk.k_begin, k_len = blk.k_len;
+  const int m0 = blk.m0, offset = blk.offset, n_tiles = blk.n_tiles;
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const __nv_bfloat16* q = p.q + static_cast<int64_t>(q_begin + m0) * p.q_token_stride +
@@ -312,15 +310,11 @@ __global__ void __launch_bounds__(kOvThreads, 1)
   unsigned char* sK = smem + kOvQBytes;
   unsigned char* sV = sK + kOvStages * kKStageBytes;
 
-  const int b = blockIdx.z, head = blockIdx.y;
-  const int m_block = gridDim.x - 1 - blockIdx.x;
-  const int q_begin = p.cu_seqlens_q[b], q_len = p.cu_seqlens_q[b + 1] - q_begin;
-  const int k_begin = p.cu_seqlens_k[b], k_len = p.cu_seqlens_k[b + 1] - k_begin;
-  const int m0 = m_block * kOvBlockM;
-  if (m0 >= q_len) return;
-  const int offset = k_len - q_len;
-  const int k_end = p.causal ? min(k_len, m0 + kOvBlockM + offset) : k_len;
-  const int n_tiles = k_end > 0 ? (k_end + kBlockN - 1) / kBlockN : 0;
+  const int head = blockIdx.y;
+  const PrefillBlock blk = LocatePrefillBlock(p, kOvBlockM);
+  if (blk.m0 >= blk.q_len) return;
+  const int q_begin = blk.q_begin, q_len = blk.q_len, k_begin = blk.k_begin, k_len = blk.k_len;
+  const int m0 = blk.m0, offset = blk.offset, n_tiles = blk.n_tiles;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const __nv_bfloat16* q = p.q + static_cast<int64_t>(q_begin + m0) * p.q_token_stride +
                            static_cast<int64_t>(head) * p.q_head_stride;

@@ -19,6 +19,31 @@ inline constexpr int kBlockN = 64;  // keys per tile
 inline constexpr float kLog2e = 1.4426950408889634f;
 inline constexpr float kLn2 = 0.6931471805599453f;
 
+// What a block of `block_m` query rows works on: sequence blockIdx.z, rows [m0, m0 + block_m) (the
+// grid's last x blocks first: the longest causal ones start first), and the 64-key tiles those
+// rows see. m0 >= q_len: nothing (the sequence is shorter than the grid's longest).
+struct PrefillBlock {
+  int q_begin, q_len, k_begin, k_len;
+  int m0;
+  int offset;  // row i sees keys j <= i + offset when causal (bottom-right aligned)
+  int n_tiles;
+};
+
+__device__ __forceinline__ PrefillBlock LocatePrefillBlock(const PrefillAttentionParams& p,
+                                                           int block_m) {
+  PrefillBlock r;
+  const int b = blockIdx.z;
+  r.q_begin = p.cu_seqlens_q[b];
+  r.q_len = p.cu_seqlens_q[b + 1] - r.q_begin;
+  r.k_begin = p.cu_seqlens_k[b];
+  r.k_len = p.cu_seqlens_k[b + 1] - r.k_begin;
+  r.m0 = (gridDim.x - 1 - blockIdx.x) * block_m;
+  r.offset = r.k_len - r.q_len;
+  const int k_end = p.causal ? min(r.k_len, r.m0 + block_m + r.offset) : r.k_len;
+  r.n_tiles = k_end > 0 ? (k_end + kBlockN - 1) / kBlockN : 0;
+  return r;
+}
+
 // o (64 x 128 per warpgroup, mma.sync C layout per warp) += P (registers, mma.sync A layout) x
 // V (16 keys x 128 dims, MN-major, descriptor; transposed B).
 __device__ __forceinline__ void WgmmaPV(float (&o)[kPrefillVDim / 8][4], const uint32_t (&a)[4],

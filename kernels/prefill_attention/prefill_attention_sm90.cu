@@ -26,7 +26,9 @@ using prefill_detail::Epilogue;
 using prefill_detail::FenceOperands;
 using prefill_detail::kBlockN;
 using prefill_detail::kLog2e;
+using prefill_detail::LocatePrefillBlock;
 using prefill_detail::PackP;
+using prefill_detail::PrefillBlock;
 using prefill_detail::RescaleRows;
 using prefill_detail::SoftmaxP;
 using prefill_detail::WgmmaPV;
@@ -46,23 +48,6 @@ constexpr int kStageOffset = kQOffset + 2 * kQGroupBytes;
 constexpr int kBarOffset = kStageOffset + kStages * kStageBytes;  // full[4], empty[4]
 constexpr int kSmemBytes = kBarOffset + 2 * kStages * 8 + 1024;   // + alignment slack
 static_assert(kSmemBytes <= 227 * 1024, "shared memory of one block");
-
-#define STRATA_F4(j) "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
-// d (64 x 64, mma.sync C layout per warp) = (accumulate ? d : 0) + A (64 x 16) B (64 x 16)^T,
-// both K-major by descriptor.
-__device__ __forceinline__ void WgmmaM64N64Ss(float (&d)[kBlockN / 8][4], uint64_t a, uint64_t b,
-                                              int accumulate) {
-  asm volatile(
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
-      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1, 0, "
-      "0;\n}\n"
-      : STRATA_F4(0), STRATA_F4(1), STRATA_F4(2), STRATA_F4(3), STRATA_F4(4), STRATA_F4(5),
-        STRATA_F4(6), STRATA_F4(7)
-      : "l"(a), "l"(b), "r"(accumulate));
-}
-#undef STRATA_F4
 
 __device__ __forceinline__ uint64_t KMajor(const uint8_t* p) { return DescSw128(p, 16, 1024); }
 // V as the MN-major B operand: next 64 dims = next box, next 8 keys = next 1,024 B.
@@ -91,15 +76,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint64_t* full = reinterpret_cast<uint64_t*>(smem + kBarOffset);
   uint64_t* empty = full + kStages;
 
-  const int b = blockIdx.z, head = blockIdx.y;
-  const int m_block = gridDim.x - 1 - blockIdx.x;  // longest causal blocks first
-  const int q_begin = p.cu_seqlens_q[b], q_len = p.cu_seqlens_q[b + 1] - q_begin;
-  const int k_begin = p.cu_seqlens_k[b], k_len = p.cu_seqlens_k[b + 1] - k_begin;
-  const int m0 = m_block * kBlockM;
-  if (m0 >= q_len) return;
-  const int offset = k_len - q_len;  // row i sees keys j <= i + offset when causal
-  const int k_end = p.causal ? min(k_len, m0 + kBlockM + offset) : k_len;
-  const int n_tiles = k_end > 0 ? (k_end + kBlockN - 1) / kBlockN : 0;
+  const int head = blockIdx.y;
+  const PrefillBlock blk = LocatePrefillBlock(p, kBlockM);
+  if (blk.m0 >= blk.q_len) return;
+  const int q_begin = blk.q_begin, q_len = blk.q_len, k_begin = blk.k_begin, k_len = blk.k_len;
+  const int m0 = blk.m0, offset = blk.offset, n_tiles = blk.n_tiles;
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   if (tid == 0) {

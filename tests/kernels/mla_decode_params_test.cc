@@ -59,6 +59,17 @@ TEST(MlaDecodeParamsTest, LaunchRejectsBeforeTouchingTheDevice) {
   EXPECT_EQ(LaunchMlaDecode(p, nullptr).code(), absl::StatusCode::kInvalidArgument);
 }
 
+// The Hopper kernel reads bf16 pages only; named for fp8 pages it is refused before any launch
+// (on a machine without a compute capability 9.x device it is refused for bf16 pages too).
+TEST(MlaDecodeParamsTest, Sm90KernelRefusesFp8Pages) {
+  EXPECT_FALSE(MlaDecodeSm90Applies(MlaKvDtype::kFp8E4M3));
+  MlaDecodeParams p = ValidParams();
+  p.kv_dtype = MlaKvDtype::kFp8E4M3;
+  p.kv_cache_fp8 = reinterpret_cast<const uint8_t*>(p.kv_cache);
+  p.impl = MlaDecodeImpl::kSm90;
+  EXPECT_EQ(LaunchMlaDecode(p, nullptr).code(), absl::StatusCode::kFailedPrecondition);
+}
+
 TEST(MlaDecodeParamsTest, SplitsAndWorkspace) {
   // Long sequences, few blocks: split to fill 132 SMs; one block per SM's worth: no split.
   constexpr MlaKvDtype kBf16 = MlaKvDtype::kBf16;

@@ -274,25 +274,5 @@ TEST_F(MlaDecodeTest, BothKernelsAtEveryHeadCount) {
   }
 }
 
-TEST_F(MlaDecodeTest, Sm90KernelRefusesFp8Pages) {
-  EXPECT_FALSE(MlaDecodeSm90Applies(MlaKvDtype::kFp8E4M3));
-  MlaDecodeParams p;
-  p.batch = 1;
-  p.num_heads_q = 64;
-  p.num_pages = 1;
-  p.max_pages_per_seq = 1;
-  p.softmax_scale = 0.1f;
-  p.kv_dtype = MlaKvDtype::kFp8E4M3;
-  p.impl = MlaDecodeImpl::kSm90;
-  alignas(16) static uint8_t dummy[64];
-  p.q = reinterpret_cast<const __nv_bfloat16*>(dummy);
-  p.kv_cache_fp8 = dummy;
-  p.block_table = reinterpret_cast<const int32_t*>(dummy);
-  p.seqlens = reinterpret_cast<const int32_t*>(dummy);
-  p.out = reinterpret_cast<__nv_bfloat16*>(dummy);
-  p.lse = reinterpret_cast<float*>(dummy);
-  EXPECT_EQ(LaunchMlaDecode(p, nullptr).code(), absl::StatusCode::kFailedPrecondition);
-}
-
 }  // namespace
 }  // namespace strata::kernels
