@@ -53,5 +53,7 @@ void RegisterTokenizeCommand(CLI::App& app);
 void RegisterBenchKernelsCommand(CLI::App& app);
 // strata bench decode (whole-model decode steps on the CUDA backend; STRATA_WITH_CUDA only)
 void RegisterBenchDecodeCommand(CLI::App& app);
+// strata bench prefill (whole-model prefill MFU; cuda or cpu)
+void RegisterBenchPrefillCommand(CLI::App& app);
 
 }  // namespace strata::cli

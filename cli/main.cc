@@ -32,6 +32,7 @@ int main(int argc, char** argv) {
   strata::cli::RegisterBenchTransferCommand(app);
   strata::cli::RegisterBenchStoreCommand(app);
   strata::cli::RegisterBenchWorkerCommand(app);
+  strata::cli::RegisterBenchPrefillCommand(app);
 #if STRATA_WITH_CUDA
   strata::cli::RegisterBenchKernelsCommand(app);
   strata::cli::RegisterBenchDecodeCommand(app);

@@ -1,10 +1,12 @@
-// Config parsing (both forms, validation), safetensors I/O, random checkpoints, fingerprints.
+// Config parsing (both forms, validation), safetensors I/O, random checkpoints, fingerprints,
+// the FLOP count of a forward pass.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 
+#include "compute_nodes/model/flops.h"
 #include "compute_nodes/model/make_random.h"
 #include "compute_nodes/model/model_config.h"
 #include "compute_nodes/model/safetensors.h"
@@ -171,6 +173,38 @@ TEST(SafetensorsTest, RejectsCorruptFiles) {
   EXPECT_EQ(TensorStore::Open(dir).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(TensorStore::Open(testing::TempDir() + "/no_such_dir").status().code(),
             absl::StatusCode::kNotFound);
+}
+
+// A config small enough to count by hand: 2 layers (dense, then MoE), 2 heads of qk 3 + 1, v 2.
+TEST(FlopsTest, PrefillCountsEveryMatrixProductByHand) {
+  ModelConfig c;
+  c.vocab_size = 10;
+  c.hidden_size = 4;
+  c.intermediate_size = 6;
+  c.moe_intermediate_size = 7;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 2;
+  c.n_shared_experts = 1;
+  c.n_routed_experts = 8;
+  c.num_experts_per_tok = 2;
+  c.first_k_dense_replace = 1;
+  c.kv_lora_rank = 5;
+  c.qk_nope_head_dim = 3;
+  c.qk_rope_head_dim = 1;
+  c.v_head_dim = 2;
+  // 3 new tokens after 2 cached, logits of 1 row. Multiply-adds per layer: q 4*2*4 = 32, kv_a
+  // 4*6 = 24, o 2*2*4 = 16 per new token; kv_b 5*2*5 = 50 per context token (5); attention 12
+  // pairs (3*2 + 1+2+3) * 2 heads * (4 + 2); MLP 3*4*6 = 72 (dense) or router 4*8 + shared 84 +
+  // 2 routed * 84 = 284 (MoE) per new token; LM head 4*10.
+  const ForwardFlops f = PrefillFlops(c, 3, 2, 1);
+  EXPECT_DOUBLE_EQ(f.projections, 2 * 2 * (3 * (32 + 24 + 16) + 5 * 50));
+  EXPECT_DOUBLE_EQ(f.attention, 2 * 2 * (12 * 2 * 6));
+  EXPECT_DOUBLE_EQ(f.mlp, 2 * (3 * 72 + 3 * 284));
+  EXPECT_DOUBLE_EQ(f.lm_head, 2 * 40);
+  EXPECT_DOUBLE_EQ(f.total(), 1864 + 576 + 2136 + 80);
+  // With q compression (rank 3): q is 4*3 + 3*2*4 = 36 multiply-adds instead of 32.
+  c.q_lora_rank = 3;
+  EXPECT_DOUBLE_EQ(PrefillFlops(c, 3, 2, 1).projections - f.projections, 2 * 2 * 3 * 4);
 }
 
 TEST(MakeRandomTest, DeterministicShardedAndFingerprinted) {
