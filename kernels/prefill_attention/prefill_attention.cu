@@ -437,6 +437,7 @@ absl::Status ValidatePrefillAttentionParams(const PrefillAttentionParams& p) {
   if (Misaligned(p.q) || Misaligned(p.k) || Misaligned(p.v) || Misaligned(p.out)) {
     return Invalid("q, k, v and out must be 16-byte aligned");
   }
+  if (p.total_k < 0) return Invalid("total_k must be >= 0 (0: unknown)");
   for (int64_t s : {p.q_token_stride, p.q_head_stride, p.k_token_stride, p.k_head_stride,
                     p.v_token_stride, p.v_head_stride, p.out_token_stride, p.out_head_stride}) {
     if (s < 0 || s % 8 != 0) return Invalid("strides must be non-negative multiples of 8");

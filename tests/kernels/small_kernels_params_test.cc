@@ -133,6 +133,11 @@ TEST(SmallKernelsParamsTest, PrefillAttention) {
   p.v_token_stride = 256;
   p.softmax_scale = -1.f;
   EXPECT_FALSE(ValidatePrefillAttentionParams(p).ok());
+  p.softmax_scale = 0.1f;
+  p.total_k = -1;  // the rows of k and v; 0 = unknown (no TMA variant)
+  EXPECT_FALSE(ValidatePrefillAttentionParams(p).ok());
+  p.total_k = 0;
+  EXPECT_EQ(PrefillAttentionVariantFor(p), 1);  // without total_k: never the TMA variants
 }
 
 TEST(SmallKernelsParamsTest, GreedySample) {
