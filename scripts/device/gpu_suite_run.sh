@@ -61,4 +61,14 @@ timeout $(( $(left) < 150 ? $(left) : 150 )) ./strata bench decode --json $OUT/b
   --batch 1,16,64 --context 1024 --steps 20 > $OUT/bench_decode.log 2>&1
 echo "bench decode rc=$? at $(( $(date +%s) - start )) s"
 grep -E "ratio|batch|logits|greedy|sampled" $OUT/bench_decode.log | grep -v host | tail -10
+# Whole-model prefill MFU (v3-shape-4l, one 4K prompt) and the attention kernels against their
+# targets (FlashMLA ratios, prefill MFU).
+timeout $(( $(left) < 150 ? $(left) : 150 )) ./strata bench prefill --preset v3-shape-4l \
+  --prompt 4096 --batch 1 --repeats 3 --json $OUT/bench_prefill.json > $OUT/bench_prefill.log 2>&1
+echo "bench prefill rc=$? at $(( $(date +%s) - start )) s"; tail -2 $OUT/bench_prefill.log
+timeout $(( $(left) < 150 ? $(left) : 150 )) ./strata bench kernels --only mla_decode,prefill \
+  --iters 10 --json $OUT/bench_kernels.json > $OUT/bench_kernels.log 2>&1
+echo "bench kernels rc=$? at $(( $(date +%s) - start )) s"
+grep -E "^ *(16|64|128) +[0-9]+ +[0-9]+ " $OUT/bench_kernels.log | head -12 | cut -c1-62
+grep -E "^v[23]" $OUT/bench_kernels.log | cut -c1-80; grep "flashmla_min" $OUT/bench_kernels.log
 echo "done at $(( $(date +%s) - start )) s"
