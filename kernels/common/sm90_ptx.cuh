@@ -136,7 +136,9 @@ __device__ __forceinline__ void PinRegisters(float (&r)[kN]) {
 template <int kN>
 __device__ __forceinline__ void PinRegisters(float (&r)[kN][4]) {
 #pragma unroll
-  for (int i = 0; i < kN; ++i) PinRegisters(r[i]);
+  for (int j = 0; j < kN; ++j) {
+    asm volatile("" : "+f"(r[j][0]), "+f"(r[j][1]), "+f"(r[j][2]), "+f"(r[j][3])::"memory");
+  }
 }
 
 }  // namespace strata::kernels::sm90

@@ -9,6 +9,7 @@
 
 #include "kernels/common/sm80_ptx.cuh"
 #include "kernels/common/sm90_device.h"
+#include "kernels/common/sm90_ptx.cuh"
 #include "kernels/prefill_attention/prefill_attention.cuh"
 #include "kernels/prefill_attention/prefill_attention.h"
 
@@ -16,12 +17,12 @@ namespace strata::kernels {
 namespace {
 
 using prefill_detail::Epilogue;
-using prefill_detail::FenceOperands;
 using prefill_detail::kBlockN;
 using prefill_detail::kLn2;
 using prefill_detail::kLog2e;
 using prefill_detail::LocatePrefillBlock;
 using prefill_detail::PrefillBlock;
+using prefill_detail::PrefillKeyTiles;
 using prefill_detail::SoftmaxStep;
 using prefill_detail::WgmmaPV;
 
@@ -151,9 +152,11 @@ __global__ void __launch_bounds__(Shape<kWarps>::kThreads, 8 / kWarps)
 
   const int head = blockIdx.y;
   const PrefillBlock blk = LocatePrefillBlock(p, kBlockM);
-  if (blk.m0 >= blk.q_len) return;
   const int q_begin = blk.q_begin, q_len = blk.q_len, k_begin = blk.k_begin, k_len = blk.k_len;
-  const int m0 = blk.m0, offset = blk.offset, n_tiles = blk.n_tiles;
+  const int m0 = blk.m0;
+  if (m0 >= q_len) return;
+  const int offset = k_len - q_len;  // row i sees keys j <= i + offset when causal
+  const int n_tiles = PrefillKeyTiles(blk, offset, p.causal, kBlockM);
 
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const __nv_bfloat16* q = p.q + static_cast<int64_t>(q_begin + m0) * p.q_token_stride +
@@ -312,9 +315,11 @@ __global__ void __launch_bounds__(kOvThreads, 1)
 
   const int head = blockIdx.y;
   const PrefillBlock blk = LocatePrefillBlock(p, kOvBlockM);
-  if (blk.m0 >= blk.q_len) return;
   const int q_begin = blk.q_begin, q_len = blk.q_len, k_begin = blk.k_begin, k_len = blk.k_len;
-  const int m0 = blk.m0, offset = blk.offset, n_tiles = blk.n_tiles;
+  const int m0 = blk.m0;
+  if (m0 >= q_len) return;
+  const int offset = k_len - q_len;  // row i sees keys j <= i + offset when causal
+  const int n_tiles = PrefillKeyTiles(blk, offset, p.causal, kOvBlockM);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const __nv_bfloat16* q = p.q + static_cast<int64_t>(q_begin + m0) * p.q_token_stride +
                            static_cast<int64_t>(head) * p.q_head_stride;
@@ -344,7 +349,7 @@ __global__ void __launch_bounds__(kOvThreads, 1)
              ks > 0 ? 1 : 0);
     }
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-    FenceOperands(acc);
+    sm90::PinRegisters(acc);
   };
 
   LoadTile<kOvBlockM, kPrefillQkDim, kQkStride, kOvThreads>(sQ, q, p.q_token_stride, q_len - m0);
@@ -375,7 +380,7 @@ __global__ void __launch_bounds__(kOvThreads, 1)
     }
     issue_s(s, qf, 0);
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-    FenceOperands(s);
+    sm90::PinRegisters(s);
 
     for (int t = 0; t < n_tiles; ++t) {
       const bool has_next = t + 1 < n_tiles;
@@ -403,8 +408,8 @@ __global__ void __launch_bounds__(kOvThreads, 1)
       }
       asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
       asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-      FenceOperands(o);
-      FenceOperands(s_next);
+      sm90::PinRegisters(o);
+      sm90::PinRegisters(s_next);
 #pragma unroll
       for (int j = 0; j < kBlockN / 8; ++j) {
 #pragma unroll

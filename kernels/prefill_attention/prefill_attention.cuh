@@ -20,28 +20,31 @@ inline constexpr float kLog2e = 1.4426950408889634f;
 inline constexpr float kLn2 = 0.6931471805599453f;
 
 // What a block of `block_m` query rows works on: sequence blockIdx.z, rows [m0, m0 + block_m) (the
-// grid's last x blocks first: the longest causal ones start first), and the 64-key tiles those
-// rows see. m0 >= q_len: nothing (the sequence is shorter than the grid's longest).
+// grid's last x blocks first: the longest causal ones start first). m0 >= q_len: nothing (the
+// sequence is shorter than the grid's longest).
 struct PrefillBlock {
   int q_begin, q_len, k_begin, k_len;
   int m0;
-  int offset;  // row i sees keys j <= i + offset when causal (bottom-right aligned)
-  int n_tiles;
 };
 
 __device__ __forceinline__ PrefillBlock LocatePrefillBlock(const PrefillAttentionParams& p,
                                                            int block_m) {
-  PrefillBlock r;
   const int b = blockIdx.z;
+  PrefillBlock r;
   r.q_begin = p.cu_seqlens_q[b];
   r.q_len = p.cu_seqlens_q[b + 1] - r.q_begin;
   r.k_begin = p.cu_seqlens_k[b];
   r.k_len = p.cu_seqlens_k[b + 1] - r.k_begin;
-  r.m0 = (gridDim.x - 1 - blockIdx.x) * block_m;
-  r.offset = r.k_len - r.q_len;
-  const int k_end = p.causal ? min(r.k_len, r.m0 + block_m + r.offset) : r.k_len;
-  r.n_tiles = k_end > 0 ? (k_end + kBlockN - 1) / kBlockN : 0;
+  r.m0 = static_cast<int>(gridDim.x - 1 - blockIdx.x) * block_m;
   return r;
+}
+
+// The 64-key tiles rows [m0, m0 + block_m) see; row i sees keys j <= i + offset when causal
+// (offset = k_len - q_len: bottom-right aligned).
+__device__ __forceinline__ int PrefillKeyTiles(const PrefillBlock& blk, int offset, bool causal,
+                                               int block_m) {
+  const int k_end = causal ? min(blk.k_len, blk.m0 + block_m + offset) : blk.k_len;
+  return k_end > 0 ? (k_end + kBlockN - 1) / kBlockN : 0;
 }
 
 // o (64 x 128 per warpgroup, mma.sync C layout per warp) += P (registers, mma.sync A layout) x
@@ -147,16 +150,6 @@ __device__ __forceinline__ void SoftmaxStep(float (&s)[kBlockN / 8][4],
   SoftmaxP(s, row_max, row_sum, corr, key0, need_mask, k_len, causal, row0, offset, scale_log2);
   RescaleRows(o, corr);
   PackP(s, pa);
-}
-
-// Pins accumulator registers around asynchronous wgmma (issue .. wait), so the compiler neither
-// reads nor moves them in between.
-template <int kN>
-__device__ __forceinline__ void FenceOperands(float (&r)[kN][4]) {
-#pragma unroll
-  for (int j = 0; j < kN; ++j) {
-    asm volatile("" : "+f"(r[j][0]), "+f"(r[j][1]), "+f"(r[j][2]), "+f"(r[j][3])::"memory");
-  }
 }
 
 // Epilogue for this thread's two rows: finishes the row sums over the 4 lanes of a row,

@@ -23,12 +23,12 @@ namespace {
 
 using namespace ::strata::kernels::sm90;  // NOLINT(build/namespaces): PTX helper vocabulary
 using prefill_detail::Epilogue;
-using prefill_detail::FenceOperands;
 using prefill_detail::kBlockN;
 using prefill_detail::kLog2e;
 using prefill_detail::LocatePrefillBlock;
 using prefill_detail::PackP;
 using prefill_detail::PrefillBlock;
+using prefill_detail::PrefillKeyTiles;
 using prefill_detail::RescaleRows;
 using prefill_detail::SoftmaxP;
 using prefill_detail::WgmmaPV;
@@ -78,9 +78,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   const int head = blockIdx.y;
   const PrefillBlock blk = LocatePrefillBlock(p, kBlockM);
-  if (blk.m0 >= blk.q_len) return;
   const int q_begin = blk.q_begin, q_len = blk.q_len, k_begin = blk.k_begin, k_len = blk.k_len;
-  const int m0 = blk.m0, offset = blk.offset, n_tiles = blk.n_tiles;
+  const int m0 = blk.m0;
+  if (m0 >= q_len) return;
+  const int offset = k_len - q_len;  // row i sees keys j <= i + offset when causal
+  const int n_tiles = PrefillKeyTiles(blk, offset, p.causal, kBlockM);
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   if (tid == 0) {
@@ -186,21 +188,21 @@ __global__ void __launch_bounds__(kThreads, 1)
       arrive_tile(t);
       issue_s(t);
       WgmmaWait<0>();
-      FenceOperands(s);
+      PinRegisters(s);
       float corr[2];
       softmax(t, corr);
       RescaleRows(o, corr);
       PackP(s, pa);
       issue_pv(t);
       WgmmaWait<0>();
-      FenceOperands(o);
+      PinRegisters(o);
       MbarArrive(&empty[t % kStages]);
     }
   } else if (n_tiles > 0) {
     arrive_tile(0);
     issue_s(0);
     WgmmaWait<0>();
-    FenceOperands(s);
+    PinRegisters(s);
     float corr[2];
     softmax(0, corr);  // O is still 0: nothing to rescale
     PackP(s, pa);
@@ -209,10 +211,10 @@ __global__ void __launch_bounds__(kThreads, 1)
       issue_s(t + 1);
       issue_pv(t);
       WgmmaWait<1>();  // S(t + 1) done; P V (t) may still run
-      FenceOperands(s);
+      PinRegisters(s);
       softmax(t + 1, corr);
       WgmmaWait<0>();  // P V (t) done
-      FenceOperands(o);
+      PinRegisters(o);
       KeepLive(pa);
       MbarArrive(&empty[t % kStages]);
       RescaleRows(o, corr);
@@ -220,7 +222,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     issue_pv(n_tiles - 1);
     WgmmaWait<0>();
-    FenceOperands(o);
+    PinRegisters(o);
     KeepLive(pa);
     MbarArrive(&empty[(n_tiles - 1) % kStages]);
   }
