@@ -108,6 +108,18 @@ __device__ __forceinline__ uint64_t DescSw128(const void* p, uint32_t lbo, uint3
          (uint64_t{1} << 62);
 }
 
+// The two operand layouts the kernels use, both from boxes of 64 rows x 128 bytes (TMA with the
+// 128-byte swizzle, boxes 8,192 B apart): K-major (rows = M/N, 64 elements of K per row; 8-row
+// groups 1,024 B apart) and MN-major (rows = K, 64 elements of M/N per row: the next 64 along M/N
+// are the next box, the next 8 along K the next 1,024 B). The MN-major reading was verified on the
+// H200 (the swapped lbo/sbo fails the MLA and prefill tests).
+__device__ __forceinline__ uint64_t DescKMajorSw128(const void* p) {
+  return DescSw128(p, 16, 1024);
+}
+__device__ __forceinline__ uint64_t DescMnMajorSw128(const void* p) {
+  return DescSw128(p, 64 * 128, 1024);
+}
+
 // d (64 x 64 fp32; per warp the mma.sync C layout of its 16 rows: d[j] = columns 8j..8j+7) =
 // (accumulate ? d : 0) + A (64 x 16) B (64 x 16)^T, A and B K-major in shared memory, by
 // descriptor.

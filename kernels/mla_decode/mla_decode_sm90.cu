@@ -74,14 +74,6 @@ __device__ __forceinline__ void WgmmaM64N256(float (&d)[128], uint64_t a, uint64
 #undef STRATA_F16
 #undef STRATA_F4
 
-// K-major operand (Q, K, P) at `p`: 8-row groups 1,024 B apart.
-__device__ __forceinline__ uint64_t KMajor(const uint8_t* p) { return DescSw128(p, 16, 1024); }
-// V as the MN-major B operand: next 64 dims = next box, next 8 tokens = next 1,024 B.
-// (Verified on the H200: the swapped reading, lbo 1,024 and sbo 8,192, fails the test.)
-__device__ __forceinline__ uint64_t VDesc(const uint8_t* p) {
-  return DescSw128(p, kBoxBytes, 1024);
-}
-
 __global__ void __launch_bounds__(kThreads, 1)
     MlaDecodeSm90Kernel(const __grid_constant__ MlaDecodeParams p,
                         const __grid_constant__ CUtensorMap q_map,
@@ -187,7 +179,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       for (int k = 0; k < kMlaQkHeadDim / 32; ++k) {
         const int ks = wg * (kMlaQkHeadDim / 32) + k;
         const int off = (ks / 4) * kBoxBytes + (ks % 4) * 32;
-        WgmmaM64N64Ss(s64, KMajor(sq + off), KMajor(kvs + off), k > 0 ? 1 : 0);
+        WgmmaM64N64Ss(s64, DescKMajorSw128(sq + off), DescKMajorSw128(kvs + off), k > 0 ? 1 : 0);
       }
       WgmmaCommit();
       WgmmaWait<0>();
@@ -264,7 +256,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     WgmmaFence();
 #pragma unroll
     for (int kk = 0; kk < kTile / 16; ++kk) {
-      WgmmaM64N256(o, KMajor(ptile + kk * 32), VDesc(kvs + 4 * wg * kBoxBytes + kk * 16 * 128));
+      WgmmaM64N256(o, DescKMajorSw128(ptile + kk * 32),
+                   DescMnMajorSw128(kvs + 4 * wg * kBoxBytes + kk * 16 * 128));
     }
     WgmmaCommit();
     WgmmaWait<0>();

@@ -49,12 +49,6 @@ constexpr int kBarOffset = kStageOffset + kStages * kStageBytes;  // full[4], em
 constexpr int kSmemBytes = kBarOffset + 2 * kStages * 8 + 1024;   // + alignment slack
 static_assert(kSmemBytes <= 227 * 1024, "shared memory of one block");
 
-__device__ __forceinline__ uint64_t KMajor(const uint8_t* p) { return DescSw128(p, 16, 1024); }
-// V as the MN-major B operand: next 64 dims = next box, next 8 keys = next 1,024 B.
-__device__ __forceinline__ uint64_t VDesc(const uint8_t* p) {
-  return DescSw128(p, kBoxBytes, 1024);
-}
-
 // Keeps registers that an in-flight wgmma reads (the A fragments of P V) live, so the compiler
 // does not reuse them before the wait.
 __device__ __forceinline__ void KeepLive(const uint32_t (&a)[kBlockN / 16][4]) {
@@ -165,7 +159,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #pragma unroll
     for (int ks = 0; ks < kPrefillQkDim / 16; ++ks) {
       const int off = (ks / 4) * kBoxBytes + (ks % 4) * 32;
-      WgmmaM64N64Ss(s, KMajor(sq + off), KMajor(sk + off), ks > 0 ? 1 : 0);
+      WgmmaM64N64Ss(s, DescKMajorSw128(sq + off), DescKMajorSw128(sk + off), ks > 0 ? 1 : 0);
     }
     WgmmaCommit();
   };
@@ -174,7 +168,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     const uint8_t* sv = smem + kStageOffset + (t % kStages) * kStageBytes + kQkBoxes * kBoxBytes;
     WgmmaFence();
 #pragma unroll
-    for (int kk = 0; kk < kBlockN / 16; ++kk) WgmmaPV(o, pa[kk], VDesc(sv + kk * 16 * 128));
+    for (int kk = 0; kk < kBlockN / 16; ++kk)
+      WgmmaPV(o, pa[kk], DescMnMajorSw128(sv + kk * 16 * 128));
     WgmmaCommit();
   };
   auto softmax = [&](int t, float(&corr)[2]) {  // s becomes P(t)
