@@ -1,14 +1,15 @@
 // strata bench prefill: whole-model prefill of long prompts on a backend, as MFU.
 //
 //   strata bench prefill [--backend cuda|cpu] [--preset v3-shape-4l | --model DIR]
-//                        [--prompt 4096] [--batch 1] [--repeats 3] [--num-layers N] [--json PATH]
+//                        [--prompt 4096] [--batch 1] [--repeats 5] [--warmup 2] [--num-layers N]
+//                        [--json PATH]
 //
 // Each repeat prefills --batch fresh sequences of --prompt random tokens in one Forward (the MHA
 // form; each sequence's token is picked from its last row, so no logits are copied back), timed on
 // the host around Forward, which returns once the tokens are on the host; the figure is the median
-// over --repeats after one warm-up. FLOPs: model::PrefillFlops (every matrix product; attention
-// causal), MFU = FLOPs / time / 790 TFLOPS, the bf16 dense rate measured on an H200 of this
-// workplace (for --backend cpu the TFLOPS column is the meaningful one). --preset draws random
+// over --repeats after --warmup untimed calls. FLOPs: model::PrefillFlops (every matrix product;
+// attention causal), MFU = FLOPs / time / 790 TFLOPS, the bf16 dense rate measured on an H200 of
+// this workplace (for --backend cpu the TFLOPS column is the meaningful one). --preset draws random
 // weights on the GPU (cuda only); --model opens a checkpoint on either backend.
 #include <fmt/format.h>
 
@@ -36,7 +37,8 @@ constexpr double kBf16PeakFlops = 790e12;
 
 struct Args {
   std::string backend = "cuda", preset = "v3-shape-4l", model_dir, json;
-  int64_t prompt = 4096, batch = 1, repeats = 3, num_layers = 0;
+  int64_t prompt = 4096, batch = 1, repeats = 5, warmup = 2, num_layers = 0;
+  bool moe_grouped = true;
 };
 
 std::unique_ptr<runtime::Engine> OpenOrFail(const Args& a, int64_t num_pages) {
@@ -61,6 +63,7 @@ std::unique_ptr<runtime::Engine> OpenOrFail(const Args& a, int64_t num_pages) {
     if (!weights.ok()) Fail(1, weights.status().ToString());
     cuda::CudaEngineOptions options;
     options.num_pages = num_pages;
+    options.moe_grouped = a.moe_grouped;
     auto engine = cuda::CudaEngine::Create(std::move(*weights), options);
     if (!engine.ok()) Fail(1, engine.status().ToString());
     return std::move(*engine);
@@ -72,8 +75,9 @@ std::unique_ptr<runtime::Engine> OpenOrFail(const Args& a, int64_t num_pages) {
 }
 
 void Run(const Args& a) {
-  if (a.prompt <= 0 || a.batch <= 0 || a.repeats <= 0) {
-    Fail(2, "bench prefill: --prompt, --batch and --repeats must be positive");
+  if (a.prompt <= 0 || a.batch <= 0 || a.repeats <= 0 || a.warmup < 0) {
+    Fail(2,
+         "bench prefill: --prompt, --batch and --repeats must be positive, --warmup not negative");
   }
   const int64_t pages_per_seq = (a.prompt + 63) / 64;
   const auto t0 = std::chrono::steady_clock::now();
@@ -98,7 +102,7 @@ void Run(const Args& a) {
   std::mt19937 rng(1);
   std::vector<std::vector<int32_t>> prompts(a.batch, std::vector<int32_t>(a.prompt));
   std::vector<double> ms;
-  for (int64_t repeat = 0; repeat <= a.repeats; ++repeat) {  // repeat 0 warms up
+  for (int64_t repeat = -a.warmup; repeat < a.repeats; ++repeat) {  // < 0: warm-up calls
     std::vector<runtime::PageTable> pages(a.batch);
     std::vector<runtime::SequenceInput> batch(a.batch);
     for (int64_t s = 0; s < a.batch; ++s) {
@@ -116,7 +120,7 @@ void Run(const Args& a) {
     if (auto st = engine->Forward(batch, &out); !st.ok()) Fail(1, st.ToString());
     const double t =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s0).count();
-    if (repeat > 0) ms.push_back(t);
+    if (repeat >= 0) ms.push_back(t);
     for (auto& p : pages) runtime::ReleasePages(engine->kv_pool(), p);
   }
   std::vector<double> sorted = ms;
@@ -134,6 +138,7 @@ void Run(const Args& a) {
                              {"num_layers", c.num_hidden_layers},
                              {"prompt", a.prompt},
                              {"batch", a.batch},
+                             {"moe_grouped", a.moe_grouped},
                              {"flops",
                               {{"projections", per_seq.projections * a.batch},
                                {"attention", per_seq.attention * a.batch},
@@ -164,8 +169,14 @@ void RegisterBenchPrefillCommand(CLI::App& app) {
   cmd->add_option("--model", a->model_dir, "A checkpoint directory instead of --preset");
   cmd->add_option("--prompt", a->prompt, "Tokens per prompt")->default_val(4096);
   cmd->add_option("--batch", a->batch, "Prompts prefilled together in one call")->default_val(1);
-  cmd->add_option("--repeats", a->repeats, "Timed calls (after one warm-up)")->default_val(3);
+  cmd->add_option("--repeats", a->repeats, "Timed calls")->default_val(5);
+  cmd->add_option("--warmup", a->warmup, "Untimed calls first (clocks, allocations, GEMM plans)")
+      ->default_val(2);
   cmd->add_option("--num-layers", a->num_layers, "Keep only the first N layers of the preset");
+  cmd->add_option("--moe-grouped", a->moe_grouped,
+                  "With --preset: prefill MoE through the grouped wgmma GEMMs (0: one cuBLAS GEMM "
+                  "pair per expert)")
+      ->default_val(true);
   cmd->add_option("--json", a->json, "Write the figures as JSON to this file");
   cmd->callback([a] { Run(*a); });
 }

@@ -138,6 +138,33 @@ __device__ __forceinline__ void WgmmaM64N64Ss(float (&d)[8][4], uint64_t a, uint
 #undef STRATA_F4
 }
 
+// d (64 x 256 fp32, per warp the mma.sync C layout of its 16 rows: d[j] = columns 8j..8j+7) =
+// (accumulate ? d : 0) + A (64 x 16) B (256 x 16)^T, A and B K-major in shared memory.
+__device__ __forceinline__ void WgmmaM64N256Ss(float (&d)[32][4], uint64_t a, uint64_t b,
+                                               int accumulate) {
+#define STRATA_F4(j) "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
+      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+      "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+      "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,"
+      "%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,"
+      "%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,"
+      "%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,"
+      "%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127"
+      "}, %128, %129, p, 1, 1, 0, 0;\n}\n"
+      : STRATA_F4(0), STRATA_F4(1), STRATA_F4(2), STRATA_F4(3), STRATA_F4(4), STRATA_F4(5),
+        STRATA_F4(6), STRATA_F4(7), STRATA_F4(8), STRATA_F4(9), STRATA_F4(10), STRATA_F4(11),
+        STRATA_F4(12), STRATA_F4(13), STRATA_F4(14), STRATA_F4(15), STRATA_F4(16), STRATA_F4(17),
+        STRATA_F4(18), STRATA_F4(19), STRATA_F4(20), STRATA_F4(21), STRATA_F4(22), STRATA_F4(23),
+        STRATA_F4(24), STRATA_F4(25), STRATA_F4(26), STRATA_F4(27), STRATA_F4(28), STRATA_F4(29),
+        STRATA_F4(30), STRATA_F4(31)
+      : "l"(a), "l"(b), "r"(accumulate));
+#undef STRATA_F4
+}
+
 // Keeps the compiler from reading or moving accumulator registers between a wgmma's issue and its
 // wait.
 template <int kN>

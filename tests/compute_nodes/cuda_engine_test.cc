@@ -26,6 +26,7 @@
 #include "compute_nodes/backend/cuda/step_util.h"
 #include "compute_nodes/model/make_random.h"
 #include "compute_nodes/model/weights.h"
+#include "kernels/moe_experts/moe_grouped.h"
 #include "tests/compute_nodes/test_util.h"
 
 namespace strata {
@@ -85,8 +86,9 @@ struct Engines {
   std::string dir;
 };
 
-// "<preset>", "<preset>/dense" (no MoE layers) or "<preset>/all-experts" (every token routed to
-// every expert: no discrete routing choice that bf16 rounding could flip).
+// "<preset>", "<preset>/dense" (no MoE layers), "<preset>/all-experts" (every token routed to
+// every expert: no discrete routing choice that bf16 rounding could flip) or "<preset>/full-heads"
+// (all-experts with qk_nope and v head dims of 128).
 model::ModelConfig Config(const std::string& name) {
   const size_t slash = name.find('/');
   model::ModelConfig c = *model::PresetConfig(name.substr(0, slash));
@@ -95,6 +97,14 @@ model::ModelConfig Config(const std::string& name) {
     c.n_routed_experts = 0;
     c.n_shared_experts = 0;
     c.num_experts_per_tok = 0;
+  } else if (variant == "full-heads") {
+    // The real models' head dims (the prefill kernel reads Q and writes its output in place),
+    // every token on every expert as in all-experts.
+    c.qk_nope_head_dim = 128;
+    c.v_head_dim = 128;
+    c.num_experts_per_tok = c.n_routed_experts;
+    c.n_group = 1;
+    c.topk_group = 1;
   } else if (variant == "all-experts") {
     c.num_experts_per_tok = c.n_routed_experts;
     c.n_group = 1;
@@ -174,6 +184,41 @@ TEST_P(CudaEngineTest, PrefillThenDecodeMatchesCpu) {
   EXPECT_GT(e.gpu->last_step().weight_bytes, 0);
   EXPECT_EQ(e.gpu->last_step().kv_bytes,
             e.cpu->config().num_hidden_layers * static_cast<int64_t>(seq.size() - 1) * 576 * 2);
+}
+
+// The MoE paths for prefill-sized token counts, forced for every step (moe_device_max_tokens 0):
+// the grouped wgmma GEMMs (sm_90) and the host path (one cuBLAS GEMM pair per expert), each
+// against the CPU on a 150-token prefill (every position's logits) and 3 decode steps.
+TEST_P(CudaEngineTest, PrefillMoePathsMatchCpu) {
+  for (const bool grouped : {true, false}) {
+    if (grouped && !kernels::MoeGroupedApplies()) continue;
+    cuda::CudaEngineOptions options;
+    options.moe_device_max_tokens = 0;
+    options.moe_grouped = grouped;
+    Engines e = Open(GetParam(), options);
+    ASSERT_NE(e.gpu, nullptr);
+    const int64_t vocab = e.cpu->config().vocab_size;
+    std::vector<int32_t> seq = Ids(150, 4);
+    PageTable pc, pg;
+    ASSERT_TRUE(runtime::EnsureCapacity(e.cpu->kv_pool(), pc, 160).ok());
+    ASSERT_TRUE(runtime::EnsureCapacity(e.gpu->kv_pool(), pg, 160).ok());
+    Compare prefill, decode;
+    for (int step = 0; step <= 3; ++step) {
+      const int64_t pos = step == 0 ? 0 : static_cast<int64_t>(seq.size()) - 1;
+      std::span<const int32_t> toks(seq.data() + pos, seq.size() - pos);
+      const AttentionForm form = step == 0 ? AttentionForm::kMha : AttentionForm::kAbsorbed;
+      auto c = Fwd(*e.cpu, {SequenceInput{toks, pos, &pc, step == 0, form}});
+      auto g = Fwd(*e.gpu, {SequenceInput{toks, pos, &pg, step == 0, form}});
+      ASSERT_TRUE(c.ok() && g.ok()) << c.status() << g.status();
+      (step == 0 ? prefill : decode).Add((*g)[0].logits, (*c)[0].logits, vocab);
+      const std::vector<float>& last = (*c)[0].logits;
+      seq.push_back(Argmax(last.data() + last.size() - vocab, vocab));
+    }
+    const std::string what = GetParam() + (grouped ? " grouped MoE" : " host MoE");
+    prefill.Check(what + " prefill", Routed(GetParam()));
+    decode.Check(what + " decode", Routed(GetParam()));
+    EXPECT_GT(e.gpu->last_step().weight_bytes, 0);
+  }
 }
 
 // One batch holding a prefill chunk (MHA) and two decode rows of other sequences, plus a 5-token
@@ -430,7 +475,8 @@ TEST_P(CudaEngineTest, BadInputIsAStatus) {
 
 INSTANTIATE_TEST_SUITE_P(Presets, CudaEngineTest,
                          ::testing::Values("tiny", "small-v3", "small-v2", "tiny/dense",
-                                           "small-v2/dense", "small-v3/all-experts"),
+                                           "small-v2/dense", "small-v3/all-experts",
+                                           "small-v3/full-heads"),
                          [](const auto& info) {
                            std::string n = info.param;
                            for (char& ch : n) {

@@ -122,7 +122,7 @@ struct CudaEngine::Impl {
         s(st),
         side(std::move(side_stream)),
         options(o),
-        moe(w.config(), &b, st, side.get(), o.moe_device_max_tokens, &grows) {}
+        moe(w.config(), &b, st, side.get(), o.moe_device_max_tokens, o.moe_grouped, &grows) {}
   ~Impl() {
     if (inv_freq != nullptr) (void)cudaFree(inv_freq);
     if (wuk_t != nullptr) (void)cudaFree(wuk_t);
@@ -171,7 +171,7 @@ struct CudaEngine::Impl {
   // Decode (absorbed).
   Buf qd{&grows}, qfull{&grows}, olat{&grows}, dlse{&grows}, dws{&grows}, od{&grows};
   // Prefill (MHA).
-  Buf lat{&grows}, kvd{&grows}, kp{&grows}, vp{&grows}, qp{&grows}, op{&grows}, plse{&grows};
+  Buf lat{&grows}, kp{&grows}, vp{&grows}, qp{&grows}, op{&grows}, plse{&grows};
   // Output.
   Buf fin{&grows}, logits{&grows};
   MoeBlock moe;
@@ -526,7 +526,6 @@ absl::Status CudaEngine::Impl::Reserve(const StepPlan& P) {
   const ModelConfig& c = W.config();
   const int64_t n = P.n, m = P.m, h = c.hidden_size, heads = c.num_attention_heads;
   const int64_t qk = c.qk_head_dim(), vd = c.v_head_dim;
-  const int64_t kvb_row = c.qk_nope_head_dim + vd;
   const int64_t hq_pad = (heads + 15) / 16 * 16;
   RETURN_IF_ERROR(x.Ensure(n * h * 2));
   RETURN_IF_ERROR(xn.Ensure(n * h * 2));
@@ -549,11 +548,11 @@ absl::Status CudaEngine::Impl::Reserve(const StepPlan& P) {
   }
   if (!P.mha.empty()) {
     RETURN_IF_ERROR(lat.Ensure(P.max_ctx * kRow * 2));
-    RETURN_IF_ERROR(kvd.Ensure(P.max_ctx * heads * kvb_row * 2));
     RETURN_IF_ERROR(kp.Ensure(P.max_ctx * heads * kPadQk * 2));
     RETURN_IF_ERROR(vp.Ensure(P.max_ctx * heads * kPadV * 2));
-    RETURN_IF_ERROR(qp.Ensure(P.max_q * heads * kPadQk * 2));
-    RETURN_IF_ERROR(op.Ensure(P.max_q * heads * kPadV * 2));
+    // Q and the output in the kernel's layout only for head dims narrower than its own.
+    if (c.qk_nope_head_dim != kPadNope) RETURN_IF_ERROR(qp.Ensure(P.max_q * heads * kPadQk * 2));
+    if (vd != kPadV) RETURN_IF_ERROR(op.Ensure(P.max_q * heads * kPadV * 2));
     RETURN_IF_ERROR(plse.Ensure(P.max_q * heads * 4));
   }
   RETURN_IF_ERROR(fin.Ensure(P.total_out * h * 2));
@@ -664,39 +663,67 @@ absl::Status CudaEngine::Impl::Enqueue(const StepPlan& P) {
                 /*fp32=*/true);
 }
 
-// Attention, MHA form: per prefill sequence over its decompressed context.
+// Attention, MHA form: per prefill sequence over its decompressed context. The prefill kernel
+// reads K = [k_nope | 0 | k_pe] (192 per head) and V = [v | ·] (128) through strides, so W_UK and
+// W_UV (the two halves of every head's kv_b_proj rows) write straight into those layouts as two
+// GEMMs batched over the heads, and only k_pe, shared by every head, is copied. Q and the output
+// need copies only when the model's head dims are narrower than the kernel's (small presets).
 absl::Status CudaEngine::Impl::MhaAttention(const DeviceLayer& L, const StepPlan& P,
                                             int64_t layer) {
   const ModelConfig& c = W.config();
   const int64_t heads = c.num_attention_heads, nope = c.qk_nope_head_dim, vd = c.v_head_dim;
   const int64_t qk = c.qk_head_dim(), kvb_row = nope + vd;
+  const bool q_direct = nope == kPadNope, out_direct = vd == kPadV;
   const bf16* pool_l = pool.layer_base(layer);
   bf16* attn_p = attn.as<bf16>();
+  bf16* kpp = kp.as<bf16>();
   for (const MhaSeq& sq : P.mha) {
     bf16* latp = lat.as<bf16>();
-    bf16* kvdp = kvd.as<bf16>();
     RETURN_IF_ERROR(GatherRows(pool_l, kRow, meta.At<int64_t>(P.o_lat) + sq.lat_off, sq.ctx, kRow,
                                latp, kRow, s));
-    RETURN_IF_ERROR(Linear(blas, L.kv_b_proj, latp, kRow, sq.ctx, kvdp, heads * kvb_row));
+    // k_nope[t][h] = W_UK[h] · c_kv[t] and v[t][h] = W_UV[h] · c_kv[t].
+    GemmArgs g;
+    g.m = sq.ctx;
+    g.k = kLatent;
+    g.a = latp;
+    g.lda = kRow;
+    g.ldb = kLatent;
+    g.batch = heads;
+    g.stride_a = 0;
+    g.stride_b = kvb_row * kLatent;
+    g.n = nope;
+    g.b = L.kv_b_proj.w;
+    g.c = kpp;
+    g.ldc = heads * kPadQk;
+    g.stride_c = kPadQk;
+    RETURN_IF_ERROR(blas.Gemm(g));
+    g.n = vd;
+    g.b = L.kv_b_proj.w + nope * kLatent;
+    g.c = vp.as<bf16>();
+    g.ldc = heads * kPadV;
+    g.stride_c = kPadV;
+    RETURN_IF_ERROR(blas.Gemm(g));
+    // V's pad lanes (vd < 128) reach only output lanes that are dropped; K's must be zero, as Q's.
     CopyHeadsParams cp;
-    // K = [k_nope | 0 | k_pe] per head, V = [v | 0].
-    cp = {sq.ctx,          heads,   nope,          kPadNope,       kvdp,
-          heads * kvb_row, kvb_row, kp.as<bf16>(), heads * kPadQk, kPadQk};
-    RETURN_IF_ERROR(CopyHeads(cp, s));
-    cp = {sq.ctx,         heads, kRope, kRope, latp + kLatent, kRow, 0, kp.as<bf16>() + kPadNope,
-          heads * kPadQk, kPadQk};
-    RETURN_IF_ERROR(CopyHeads(cp, s));
-    cp = {sq.ctx,        heads,         vd,   kPadV, kvdp + nope, heads * kvb_row, kvb_row,
-          vp.as<bf16>(), heads * kPadV, kPadV};
+    if (!q_direct) {
+      cp = {sq.ctx, heads, 0, kPadNope - nope, nullptr, 0, 0, kpp + nope, heads * kPadQk, kPadQk};
+      RETURN_IF_ERROR(CopyHeads(cp, s));
+    }
+    cp = {sq.ctx, heads, kRope,          kRope,          latp + kLatent,
+          kRow,   0,     kpp + kPadNope, heads * kPadQk, kPadQk};
     RETURN_IF_ERROR(CopyHeads(cp, s));
     // Q = [q_nope | 0 | q_pe].
     const bf16* qs = q.as<bf16>() + sq.first_row * heads * qk;
-    cp = {sq.q_len,   heads, nope,          kPadNope,       qs,
-          heads * qk, qk,    qp.as<bf16>(), heads * kPadQk, kPadQk};
-    RETURN_IF_ERROR(CopyHeads(cp, s));
-    cp = {sq.q_len,       heads, kRope, kRope, qs + nope, heads * qk, qk, qp.as<bf16>() + kPadNope,
-          heads * kPadQk, kPadQk};
-    RETURN_IF_ERROR(CopyHeads(cp, s));
+    if (!q_direct) {
+      cp = {sq.q_len,   heads, nope,          kPadNope,       qs,
+            heads * qk, qk,    qp.as<bf16>(), heads * kPadQk, kPadQk};
+      RETURN_IF_ERROR(CopyHeads(cp, s));
+      cp = {sq.q_len,       heads,      kRope, kRope,
+            qs + nope,      heads * qk, qk,    qp.as<bf16>() + kPadNope,
+            heads * kPadQk, kPadQk};
+      RETURN_IF_ERROR(CopyHeads(cp, s));
+    }
+    bf16* out = attn_p + sq.first_row * heads * vd;
     kernels::PrefillAttentionParams p;
     p.batch = 1;
     p.num_heads = static_cast<int>(heads);
@@ -706,32 +733,25 @@ absl::Status CudaEngine::Impl::MhaAttention(const DeviceLayer& L, const StepPlan
     p.softmax_scale = static_cast<float>(c.SoftmaxScale());
     p.cu_seqlens_q = meta.At<int32_t>(P.o_cu) + sq.cu_off;
     p.cu_seqlens_k = meta.At<int32_t>(P.o_cu) + sq.cu_off + 2;
-    p.q = qp.as<bf16>();
-    p.q_token_stride = heads * kPadQk;
-    p.q_head_stride = kPadQk;
-    p.k = kp.as<bf16>();
+    p.q = q_direct ? qs : qp.as<bf16>();
+    p.q_token_stride = q_direct ? heads * qk : heads * kPadQk;
+    p.q_head_stride = q_direct ? qk : kPadQk;
+    p.k = kpp;
     p.k_token_stride = heads * kPadQk;
     p.k_head_stride = kPadQk;
     p.v = vp.as<bf16>();
     p.v_token_stride = heads * kPadV;
     p.v_head_stride = kPadV;
-    p.out = op.as<bf16>();
+    p.out = out_direct ? out : op.as<bf16>();
     p.out_token_stride = heads * kPadV;
     p.out_head_stride = kPadV;
     p.lse = plse.as<float>();
     p.total_k = static_cast<int64_t>(sq.ctx);
     RETURN_IF_ERROR(kernels::LaunchPrefillAttention(p, s));
-    cp = {sq.q_len,
-          heads,
-          vd,
-          vd,
-          op.as<bf16>(),
-          heads * kPadV,
-          kPadV,
-          attn_p + sq.first_row * heads * vd,
-          heads * vd,
-          vd};
-    RETURN_IF_ERROR(CopyHeads(cp, s));
+    if (!out_direct) {
+      cp = {sq.q_len, heads, vd, vd, op.as<bf16>(), heads * kPadV, kPadV, out, heads * vd, vd};
+      RETURN_IF_ERROR(CopyHeads(cp, s));
+    }
   }
   return absl::OkStatus();
 }

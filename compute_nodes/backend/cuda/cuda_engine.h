@@ -51,8 +51,9 @@ struct CudaEngineOptions {
   int64_t num_pages = 256;
   int64_t block_tokens = 64;  // the MLA decode kernel's page size; nothing else is accepted
   int device = 0;
-  bool cuda_graphs = true;             // capture and replay all-decode steps
+  bool cuda_graphs = true;              // capture and replay all-decode steps
   int64_t moe_device_max_tokens = 256;  // MoE routing on the device up to this many tokens
+  bool moe_grouped = true;  // past that, grouped wgmma expert GEMMs (sm_90) instead of cuBLAS ones
 };
 
 // What the last Forward read from device memory (for the decode benchmark's HBM floor).
@@ -60,8 +61,8 @@ struct StepStats {
   int64_t weight_bytes = 0;  // weights read: every dense tensor, the routed experts that had tokens
   int64_t kv_bytes = 0;      // latent pages read by attention (every layer)
   int64_t tokens = 0;
-  bool graphed = false;    // the step ran as a CUDA graph (captured now or replayed)
-  double device_ms = 0.0;  // GPU time of the step's work (events), without the logits copy
+  bool graphed = false;          // the step ran as a CUDA graph (captured now or replayed)
+  double device_ms = 0.0;        // GPU time of the step's work (events), without the logits copy
   double logits_copy_ms = 0.0;   // GPU -> pinned host copy of the logits (events)
   double host_enqueue_ms = 0.0;  // host: Forward's start until all work was enqueued
   double host_output_ms = 0.0;   // host: pinned logits into the callers' vectors

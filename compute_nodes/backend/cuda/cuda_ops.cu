@@ -1,5 +1,7 @@
 #include <algorithm>
+#include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "compute_nodes/backend/cuda/cuda_ops.h"
 #include "kernels/common/pdl.cuh"
@@ -44,17 +46,27 @@ __global__ void ScatterRowsKernel(const __nv_bfloat16* src, int64_t src_ld, cons
   }
 }
 
+// One (row, head) lane group per thread group, V elements (16 bytes for V = 8) per thread; rows
+// stride over grid.y so that the per-row index math stays 32-bit.
+template <int V>
 __global__ void CopyHeadsKernel(CopyHeadsParams p) {
+  using Vec = std::conditional_t<V == 8, uint4, __nv_bfloat16>;
   kernels::PdlGridSync();
-  const int64_t total = p.rows * p.heads * p.dst_width;
-  const __nv_bfloat16 zero = __float2bfloat16(0.f);
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t j = i % p.dst_width;
-    const int64_t h = (i / p.dst_width) % p.heads;
-    const int64_t r = i / (p.dst_width * p.heads);
-    p.dst[r * p.dst_tok + h * p.dst_head + j] =
-        j < p.width ? p.src[r * p.src_tok + h * p.src_head + j] : zero;
+  const int lanes = static_cast<int>(p.dst_width / V), width = static_cast<int>(p.width / V);
+  const int per_row = static_cast<int>(p.heads) * lanes;
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= per_row) return;
+  const int h = i / lanes, j = i % lanes;
+  Vec zero;
+  if constexpr (V == 8) {
+    zero = make_uint4(0, 0, 0, 0);
+  } else {
+    zero = __float2bfloat16(0.f);
+  }
+  for (int64_t r = blockIdx.y; r < p.rows; r += gridDim.y) {
+    const Vec v =
+        j < width ? reinterpret_cast<const Vec*>(p.src + r * p.src_tok + h * p.src_head)[j] : zero;
+    reinterpret_cast<Vec*>(p.dst + r * p.dst_tok + h * p.dst_head)[j] = v;
   }
 }
 
@@ -141,10 +153,21 @@ absl::Status ScatterRows(const __nv_bfloat16* src, int64_t src_ld, const int64_t
 }
 
 absl::Status CopyHeads(const CopyHeadsParams& p, cudaStream_t stream) {
-  const int64_t total = p.rows * p.heads * p.dst_width;
-  if (total == 0) return absl::OkStatus();
+  if (p.rows * p.heads * p.dst_width == 0) return absl::OkStatus();
   if (p.width > p.dst_width) return absl::InvalidArgumentError("CopyHeads: width > dst_width");
-  (void)kernels::LaunchPdl(CopyHeadsKernel, dim3(Blocks(total)), dim3(kThreads), 0, stream, p);
+  if (p.heads * p.dst_width > (int64_t{1} << 30)) {
+    return absl::InvalidArgumentError("CopyHeads: heads * dst_width past 2^30");
+  }
+  const auto aligned = [](int64_t v) { return v % 8 == 0; };
+  const bool vec = aligned(p.width) && aligned(p.dst_width) && aligned(p.src_tok) &&
+                   aligned(p.src_head) && aligned(p.dst_tok) && aligned(p.dst_head) &&
+                   reinterpret_cast<uintptr_t>(p.src) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(p.dst) % 16 == 0;
+  const int64_t per_row = p.heads * p.dst_width / (vec ? 8 : 1);
+  const dim3 grid(static_cast<unsigned>((per_row + kThreads - 1) / kThreads),
+                  static_cast<unsigned>(std::min<int64_t>(p.rows, 8192)));
+  (void)kernels::LaunchPdl(vec ? CopyHeadsKernel<8> : CopyHeadsKernel<1>, grid, dim3(kThreads), 0,
+                           stream, p);
   return LaunchError("CopyHeads");
 }
 
@@ -158,8 +181,7 @@ absl::Status MoeCombine(const __nv_bfloat16* expert_out, const int64_t* pos, con
 }
 
 absl::Status TransposeBatched(const __nv_bfloat16* src, int64_t src_batch_stride, int64_t batch,
-                              int64_t rows, int64_t cols, __nv_bfloat16* dst,
-                              cudaStream_t stream) {
+                              int64_t rows, int64_t cols, __nv_bfloat16* dst, cudaStream_t stream) {
   const int64_t total = batch * rows * cols;
   if (total == 0) return absl::OkStatus();
   TransposeBatchedKernel<<<Blocks(total), kThreads, 0, stream>>>(src, src_batch_stride, batch, rows,

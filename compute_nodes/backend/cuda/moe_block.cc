@@ -7,6 +7,7 @@
 #include "common/strings.h"
 #include "compute_nodes/backend/cuda/cuda_ops.h"
 #include "kernels/moe_experts/moe_experts.h"
+#include "kernels/moe_experts/moe_grouped.h"
 #include "kernels/moe_router/moe_router.h"
 
 namespace strata::cuda {
@@ -14,12 +15,13 @@ namespace strata::cuda {
 using bf16 = __nv_bfloat16;
 
 MoeBlock::MoeBlock(const model::ModelConfig& config, const Cublas* blas, cudaStream_t stream,
-                   SideStream* side, int64_t max_device_tokens, int64_t* grows)
+                   SideStream* side, int64_t max_device_tokens, bool grouped, int64_t* grows)
     : c_(config),
       blas_(blas),
       s_(stream),
       side_(side),
       max_device_tokens_(max_device_tokens),
+      grouped_(grouped && kernels::MoeGroupedApplies()),
       expert_bytes_(3 * config.moe_intermediate_size * config.hidden_size * 2),
       router_logits_(grows),
       experts_(grows),
@@ -32,6 +34,8 @@ MoeBlock::MoeBlock(const model::ModelConfig& config, const Cublas* blas, cudaStr
       act_(grows),
       num_active_(grows),
       error_(grows),
+      schedule_(grows),
+      xs_(grows),
       xe_(grows),
       gue_(grows),
       host_meta_(grows),
@@ -40,6 +44,11 @@ MoeBlock::MoeBlock(const model::ModelConfig& config, const Cublas* blas, cudaStr
       shared_out_(grows),
       host_active_(config.num_hidden_layers, 0),
       moe_layer_(config.num_hidden_layers, false) {}
+
+MoeBlock::Path MoeBlock::PathFor(int64_t n) const {
+  if (n <= max_device_tokens_) return Path::kDevice;
+  return grouped_ ? Path::kGrouped : Path::kHost;
+}
 
 MoeBlock::~MoeBlock() {
   if (host_routing_ != nullptr) (void)cudaFreeHost(host_routing_);
@@ -62,7 +71,8 @@ absl::Status MoeBlock::Reserve(int64_t n) {
     CUDA_RETURN_IF_ERROR(cudaHostAlloc(reinterpret_cast<void**>(&host_counters_),
                                        (c_.num_hidden_layers + 1) * 4, 0));
   }
-  if (DevicePath(n)) {
+  const Path path = PathFor(n);
+  if (path != Path::kHost) {
     RETURN_IF_ERROR(count_.Ensure(ne * 4));
     RETURN_IF_ERROR(offset_.Ensure((ne + 1) * 4));
     RETURN_IF_ERROR(active_.Ensure(ne * 4));
@@ -71,6 +81,10 @@ absl::Status MoeBlock::Reserve(int64_t n) {
     RETURN_IF_ERROR(act_.Ensure(slots * inter * 2));
     RETURN_IF_ERROR(num_active_.Ensure(c_.num_hidden_layers * 4));
     RETURN_IF_ERROR(error_.Ensure(4));
+    if (path == Path::kGrouped) {
+      RETURN_IF_ERROR(schedule_.Ensure(kernels::MoeGroupedScheduleBytes(slots, ne)));
+      RETURN_IF_ERROR(xs_.Ensure(slots * h * 2));
+    }
     return absl::OkStatus();
   }
   RETURN_IF_ERROR(xe_.Ensure(slots * h * 2));
@@ -79,8 +93,7 @@ absl::Status MoeBlock::Reserve(int64_t n) {
     if (host_routing_ != nullptr) (void)cudaFreeHost(host_routing_);
     host_routing_ = nullptr;
     host_routing_len_ = 0;
-    CUDA_RETURN_IF_ERROR(
-        cudaHostAlloc(reinterpret_cast<void**>(&host_routing_), slots * 2 * 4, 0));
+    CUDA_RETURN_IF_ERROR(cudaHostAlloc(reinterpret_cast<void**>(&host_routing_), slots * 2 * 4, 0));
     host_routing_len_ = slots * 2;
   }
   return absl::OkStatus();
@@ -103,8 +116,8 @@ absl::Status MoeBlock::Forward(int64_t layer, const DeviceLayer& L, const bf16* 
     const Cublas& blas = side_ != nullptr ? side_->blas() : *blas_;
     const cudaStream_t stream = side_ != nullptr ? side_->stream() : s_;
     if (side_ != nullptr) RETURN_IF_ERROR(side_->Fork());
-    RETURN_IF_ERROR(Mlp(blas, stream, L.shared_gate_up, L.shared_down, xn, n,
-                        shared_gu_.as<bf16>(), shared_out_.as<bf16>()));
+    RETURN_IF_ERROR(Mlp(blas, stream, L.shared_gate_up, L.shared_down, xn, n, shared_gu_.as<bf16>(),
+                        shared_out_.as<bf16>()));
     shared = shared_out_.as<bf16>();
   }
   if (n <= kSkinnyMaxRows) {
@@ -143,8 +156,10 @@ absl::Status MoeBlock::Forward(int64_t layer, const DeviceLayer& L, const bf16* 
     RETURN_IF_ERROR(kernels::LaunchMoeRouter(p, s_));
   }
   const int64_t* token_slot;
-  if (DevicePath(n)) {
-    RETURN_IF_ERROR(RouteOnDevice(layer, L, xn, n));
+  if (const Path path = PathFor(n); path != Path::kHost) {
+    RETURN_IF_ERROR(Align(layer, n));
+    RETURN_IF_ERROR(path == Path::kDevice ? RouteOnDevice(layer, L, xn, n)
+                                          : RouteGrouped(L, xn, n));
     token_slot = token_slot_.as<int64_t>();
   } else {
     RETURN_IF_ERROR(RouteOnHost(layer, L, xn, n));
@@ -154,13 +169,11 @@ absl::Status MoeBlock::Forward(int64_t layer, const DeviceLayer& L, const bf16* 
   return MoeCombine(ye_.as<bf16>(), token_slot, weights_.as<float>(), n, k, h, shared, delta, s_);
 }
 
-absl::Status MoeBlock::RouteOnDevice(int64_t layer, const DeviceLayer& L, const bf16* xn,
-                                     int64_t n) {
-  const int64_t ne = c_.n_routed_experts, k = c_.num_experts_per_tok;
+absl::Status MoeBlock::Align(int64_t layer, int64_t n) {
   kernels::MoeAlignParams a;
   a.num_tokens = static_cast<int>(n);
-  a.top_k = static_cast<int>(k);
-  a.num_experts = static_cast<int>(ne);
+  a.top_k = static_cast<int>(c_.num_experts_per_tok);
+  a.num_experts = static_cast<int>(c_.n_routed_experts);
   a.experts = experts_.as<int32_t>();
   a.expert_count = count_.as<int32_t>();
   a.expert_offset = offset_.as<int32_t>();
@@ -169,7 +182,32 @@ absl::Status MoeBlock::RouteOnDevice(int64_t layer, const DeviceLayer& L, const 
   a.slot_token = slot_token_.as<int32_t>();
   a.token_slot = token_slot_.as<int64_t>();
   a.error = error_.as<int32_t>();
-  RETURN_IF_ERROR(kernels::LaunchMoeAlign(a, s_));
+  return kernels::LaunchMoeAlign(a, s_);
+}
+
+absl::Status MoeBlock::RouteGrouped(const DeviceLayer& L, const bf16* xn, int64_t n) {
+  kernels::MoeGroupedParams p;
+  p.num_tokens = static_cast<int>(n);
+  p.top_k = static_cast<int>(c_.num_experts_per_tok);
+  p.num_experts = static_cast<int>(c_.n_routed_experts);
+  p.hidden = static_cast<int>(c_.hidden_size);
+  p.inter = static_cast<int>(c_.moe_intermediate_size);
+  p.x = xn;
+  p.ld_x = c_.hidden_size;
+  p.weights = L.experts;
+  p.expert_stride = L.expert_stride;
+  p.expert_offset = offset_.as<int32_t>();
+  p.slot_token = slot_token_.as<int32_t>();
+  p.schedule = schedule_.as<void>();
+  p.xs = xs_.as<bf16>();
+  p.act = act_.as<bf16>();
+  p.out = ye_.as<bf16>();
+  return kernels::LaunchMoeGrouped(p, s_);
+}
+
+absl::Status MoeBlock::RouteOnDevice(int64_t layer, const DeviceLayer& L, const bf16* xn,
+                                     int64_t n) {
+  const int64_t ne = c_.n_routed_experts, k = c_.num_experts_per_tok;
   kernels::MoeExpertsParams p;
   p.num_tokens = static_cast<int>(n);
   p.num_experts = static_cast<int>(ne);
@@ -181,18 +219,17 @@ absl::Status MoeBlock::RouteOnDevice(int64_t layer, const DeviceLayer& L, const 
   p.ld_x = c_.hidden_size;
   p.weights = L.experts;
   p.expert_stride = L.expert_stride;
-  p.expert_count = a.expert_count;
-  p.expert_offset = a.expert_offset;
-  p.active = a.active;
-  p.num_active = a.num_active;
-  p.slot_token = a.slot_token;
+  p.expert_count = count_.as<int32_t>();
+  p.expert_offset = offset_.as<int32_t>();
+  p.active = active_.as<int32_t>();
+  p.num_active = num_active_.as<int32_t>() + layer;
+  p.slot_token = slot_token_.as<int32_t>();
   p.act = act_.as<bf16>();
   p.out = ye_.as<bf16>();
   return kernels::LaunchMoeExperts(p, s_);
 }
 
-absl::Status MoeBlock::RouteOnHost(int64_t layer, const DeviceLayer& L, const bf16* xn,
-                                   int64_t n) {
+absl::Status MoeBlock::RouteOnHost(int64_t layer, const DeviceLayer& L, const bf16* xn, int64_t n) {
   const int64_t h = c_.hidden_size, ne = c_.n_routed_experts, k = c_.num_experts_per_tok;
   const int64_t inter = c_.moe_intermediate_size;
   // The routing comes to the host: per-expert GEMM sizes are host decisions.
@@ -246,7 +283,7 @@ absl::Status MoeBlock::RouteOnHost(int64_t layer, const DeviceLayer& L, const bf
 
 absl::Status MoeBlock::EnqueueReadback(int64_t n) {
   step_tokens_ = n;
-  if (c_.n_routed_experts == 0 || !DevicePath(n)) return absl::OkStatus();
+  if (c_.n_routed_experts == 0 || PathFor(n) == Path::kHost) return absl::OkStatus();
   CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_counters_, num_active_.as<int32_t>(),
                                        c_.num_hidden_layers * 4, cudaMemcpyDeviceToHost, s_));
   CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_counters_ + c_.num_hidden_layers, error_.as<int32_t>(),
@@ -256,7 +293,7 @@ absl::Status MoeBlock::EnqueueReadback(int64_t n) {
 
 absl::StatusOr<int64_t> MoeBlock::FinishStep() {
   if (c_.n_routed_experts == 0) return 0;
-  const bool device = DevicePath(step_tokens_);
+  const bool device = PathFor(step_tokens_) != Path::kHost;
   if (device && host_counters_[c_.num_hidden_layers] != 0) {
     return absl::InternalError("MoE: the router chose an expert id outside [0, n_routed_experts)");
   }

@@ -1,14 +1,18 @@
 // The MoE feed-forward block of the CUDA backend, for one layer at a time:
 //
 //   router GEMM (fp32 logits) -> kernels/moe_router (top-k experts + weights) -> routed experts
-//   -> shared experts (fused gate|up GEMM, SiLU×mul, down GEMM) -> MoeCombine (weighted sum + shared)
+//   -> shared experts (fused gate|up GEMM, SiLU×mul, down GEMM) -> MoeCombine (weighted sum +
+//   shared)
 //
-// Two ways to run the routed experts, picked by the token count (the host knows n, not the
+// Three ways to run the routed experts, picked by the token count (the host knows n, not the
 // routing):
 //  - device path (n <= max_device_tokens): kernels/moe_experts aligns the routing into per-expert
 //    slot groups and runs the grouped gate|up + SiLU + down kernels; sizes stay on the device, no
 //    host sync, so the block can be captured in a CUDA graph.
-//  - host path (larger n, prefill): the routing is copied to the host (one stream sync per layer)
+//  - grouped path (larger n, prefill, on sm_90 unless turned off): the same alignment, then
+//    kernels/moe_experts/moe_grouped.h: the slots' rows gathered per expert and two grouped wgmma
+//    GEMMs (SiLU×mul in the first one's epilogue); also no host sync.
+//  - host path (larger n elsewhere): the routing is copied to the host (one stream sync per layer)
 //    and each expert with tokens gets one fused gate|up and one down cuBLAS GEMM.
 //
 // Lifecycle per step: Reserve(n) (buffers; before any capture), BeginStep() (enqueued: clears the
@@ -37,13 +41,15 @@ class MoeBlock {
   // `grows` counts buffer reallocations (see Buf). `blas` and `stream` outlive the block.
   // With `side`, the shared experts run on it beside the routed ones.
   MoeBlock(const model::ModelConfig& config, const Cublas* blas, cudaStream_t stream,
-           SideStream* side, int64_t max_device_tokens, int64_t* grows);
+           SideStream* side, int64_t max_device_tokens, bool grouped, int64_t* grows);
   ~MoeBlock();
   MoeBlock(const MoeBlock&) = delete;
   MoeBlock& operator=(const MoeBlock&) = delete;
 
-  // Whether a step of n tokens runs the routed experts on the device path.
-  bool DevicePath(int64_t n) const { return n <= max_device_tokens_; }
+  enum class Path { kDevice, kGrouped, kHost };
+  Path PathFor(int64_t n) const;
+  // Whether a step of n tokens runs the routed experts on the device path (the decode kernels).
+  bool DevicePath(int64_t n) const { return PathFor(n) == Path::kDevice; }
   absl::Status Reserve(int64_t n);
   absl::Status BeginStep();
   // delta[n][H] = MoE(xn[n][H]) of MoE layer `layer` (its index in the model).
@@ -55,14 +61,16 @@ class MoeBlock {
  private:
   absl::Status RouteOnDevice(int64_t layer, const DeviceLayer& L, const __nv_bfloat16* xn,
                              int64_t n);
-  absl::Status RouteOnHost(int64_t layer, const DeviceLayer& L, const __nv_bfloat16* xn,
-                           int64_t n);
+  absl::Status Align(int64_t layer, int64_t n);
+  absl::Status RouteGrouped(const DeviceLayer& L, const __nv_bfloat16* xn, int64_t n);
+  absl::Status RouteOnHost(int64_t layer, const DeviceLayer& L, const __nv_bfloat16* xn, int64_t n);
 
   const model::ModelConfig& c_;
   const Cublas* blas_;
   cudaStream_t s_;
   SideStream* side_;
   int64_t max_device_tokens_;
+  bool grouped_;          // the grouped path is allowed (and the device runs it)
   int64_t expert_bytes_;  // gate, up and down of one routed expert
   // Routing: logits [n][E] fp32, experts/weights [n][k].
   Buf router_logits_, experts_, weights_;
@@ -70,6 +78,9 @@ class MoeBlock {
   // (int64, MoeCombine's row index), act [n k][I]; per-layer active counts [layers] and the error
   // flag, mirrored into pinned host memory by EnqueueReadback.
   Buf count_, offset_, active_, slot_token_, token_slot_, act_, num_active_, error_;
+  // Grouped path (with the device path's alignment and act): the tile schedule and the slots'
+  // rows gathered [n k][H].
+  Buf schedule_, xs_;
   // Host path: expert rows gathered [n k][H], gate|up [n k][2I].
   Buf xe_, gue_;
   Meta host_meta_;  // per layer: slot of each choice [n k] (int64), then slot -> token [n k]
