@@ -2,6 +2,7 @@
 // FlashMLA figures measured on an H200 of this workplace (issue #9).
 //
 //   strata bench kernels [--json PATH] [--iters N] [--only mla_decode,prefill,kv_pages]
+//                        [--mla-heads 16,64,128]
 //
 // MLA decode: batch 128, bf16, every sequence s_k tokens long, pages in random order; the whole
 // call (split kernel + combine) timed with CUDA events, median of --iters after warm-up.
@@ -105,9 +106,8 @@ double FlashMlaFigure(int h_q, int s_k) {
   return kFigures.at({h_q, s_k});
 }
 
-absl::Status BenchMlaDecode(int iters, nlohmann::json& report) {
+absl::Status BenchMlaDecode(int iters, const std::vector<int>& heads_q, nlohmann::json& report) {
   constexpr int kBatch = 128, kMaxSeq = 32768;
-  const std::vector<int> kHeads = {16, 64, 128};
   const std::vector<int> kSeqs = {4096, 8192, 16384, 32768};
   int num_sms = 0;
   CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, 0));
@@ -153,7 +153,7 @@ absl::Status BenchMlaDecode(int iters, nlohmann::json& report) {
   nlohmann::json ratios = nlohmann::json::object();
   std::cout << fmt::format("{:>4} {:>6} {:>6} {:>9} {:>7} {:>8} {:>9} {:>7}  sweep(splits:ms)\n",
                            "h_q", "s_k", "splits", "ms", "TB/s", "TFLOPS", "FlashMLA", "ratio");
-  for (int h_q : kHeads) {
+  for (int h_q : heads_q) {
     for (int s_k : kSeqs) {
       std::vector<int32_t> seqlens(kBatch, s_k);
       CUDA_RETURN_IF_ERROR(
@@ -532,7 +532,11 @@ void RegisterBenchKernelsCommand(CLI::App& app) {
   cmd->add_option("--iters", *iters, "Timed runs per point (median reported)")
       ->check(CLI::Range(1, 10000));
   cmd->add_option("--only", *only, "Comma-separated groups: mla_decode, prefill, kv_pages");
-  cmd->callback([json_path, iters, only] {
+  auto mla_heads = std::make_shared<std::vector<int>>(std::vector<int>{16, 64, 128});
+  cmd->add_option("--mla-heads", *mla_heads, "MLA decode: the h_q points (of 16, 64, 128)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({16, 64, 128}));
+  cmd->callback([json_path, iters, only, mla_heads] {
     cudaDeviceProp prop;
     if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) Fail(1, "bench kernels: no CUDA device");
     nlohmann::json report;
@@ -546,7 +550,7 @@ void RegisterBenchKernelsCommand(CLI::App& app) {
       return std::find(groups.begin(), groups.end(), g) != groups.end();
     };
     if (wanted("mla_decode")) {
-      const absl::Status st = BenchMlaDecode(*iters, report);
+      const absl::Status st = BenchMlaDecode(*iters, *mla_heads, report);
       if (!st.ok()) Fail(1, StrCat("bench kernels: ", st.message()));
       std::cout << fmt::format("mla_decode_vs_flashmla_min = {:.3f}\n",
                                report["ratios"]["mla_decode_vs_flashmla_min"].get<double>());
