@@ -131,6 +131,15 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
   const int wg = tid / 128, wl = (tid / 32) % 4, lane = tid % 32;
+  // A tile of at most 64 slots (an expert's last or only one) leaves warpgroup 1 without rows: it
+  // only releases the stages, and the tensor pipe serves warpgroup 0 alone.
+  if (wg * 64 >= rows) {
+    for (int kt = 0; kt < k_steps; ++kt) {
+      MbarWait(&full[kt % kStages], (kt / kStages) & 1);
+      MbarArrive(&empty[kt % kStages]);
+    }
+    return;
+  }
   float acc[kTileN / 8][4];
   for (int kt = 0; kt < k_steps; ++kt) {
     const int stage = kt % kStages;

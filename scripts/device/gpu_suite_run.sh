@@ -63,9 +63,15 @@ echo "bench decode rc=$? at $(( $(date +%s) - start )) s"
 grep -E "ratio|batch|logits|greedy|sampled" $OUT/bench_decode.log | grep -v host | tail -10
 # Whole-model prefill MFU (v3-shape-4l, one 4K prompt) and the attention kernels against their
 # targets (FlashMLA ratios, prefill MFU).
-timeout $(( $(left) < 150 ? $(left) : 150 )) ./strata bench prefill --preset v3-shape-4l \
-  --prompt 4096 --batch 1 --repeats 3 --json $OUT/bench_prefill.json > $OUT/bench_prefill.log 2>&1
-echo "bench prefill rc=$? at $(( $(date +%s) - start )) s"; tail -2 $OUT/bench_prefill.log
+# The MoE layer through the grouped wgmma GEMMs (default), then through one cuBLAS GEMM pair per
+# expert (the host path), side by side.
+for g in 1 0; do
+  timeout $(( $(left) < 100 ? $(left) : 100 )) ./strata bench prefill --preset v3-shape-4l \
+    --prompt 4096 --batch 1 --repeats 5 --moe-grouped $g --json $OUT/bench_prefill_g$g.json \
+    > $OUT/bench_prefill_g$g.log 2>&1
+  echo "bench prefill (moe grouped $g) rc=$? at $(( $(date +%s) - start )) s"
+  tail -1 $OUT/bench_prefill_g$g.log
+done
 timeout $(( $(left) < 150 ? $(left) : 150 )) ./strata bench kernels --only mla_decode,prefill \
   --iters 10 --json $OUT/bench_kernels.json > $OUT/bench_kernels.log 2>&1
 echo "bench kernels rc=$? at $(( $(date +%s) - start )) s"
