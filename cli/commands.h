@@ -53,6 +53,8 @@ void RegisterTokenizeCommand(CLI::App& app);
 void RegisterBenchKernelsCommand(CLI::App& app);
 // strata bench decode (whole-model decode steps on the CUDA backend; STRATA_WITH_CUDA only)
 void RegisterBenchDecodeCommand(CLI::App& app);
+// strata bench kv-pool (block payloads <-> CUDA KV pages; STRATA_WITH_CUDA only)
+void RegisterBenchKvPoolCommand(CLI::App& app);
 // strata bench prefill (whole-model prefill MFU; cuda or cpu)
 void RegisterBenchPrefillCommand(CLI::App& app);
 

@@ -36,6 +36,7 @@ int main(int argc, char** argv) {
 #if STRATA_WITH_CUDA
   strata::cli::RegisterBenchKernelsCommand(app);
   strata::cli::RegisterBenchDecodeCommand(app);
+  strata::cli::RegisterBenchKvPoolCommand(app);
 #endif
 
   CLI11_PARSE(app, argc, argv);

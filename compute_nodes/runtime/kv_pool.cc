@@ -126,6 +126,38 @@ absl::Status HostKvPool::ImportPage(int32_t page, PayloadDtype dtype,
   return absl::OkStatus();
 }
 
+absl::Status KvPool::ImportPages(std::span<const int32_t> pages, PayloadDtype dtype,
+                                 std::span<const std::span<const uint8_t>> payloads,
+                                 int64_t* done) {
+  *done = 0;
+  if (pages.size() != payloads.size()) {
+    return absl::InvalidArgumentError("ImportPages: pages and payloads differ in count");
+  }
+  for (size_t i = 0; i < pages.size(); ++i) {
+    if (auto st = CheckPage(pages[i]); !st.ok()) return st;
+    if (auto st = CheckPayload(dtype, payloads[i].size()); !st.ok()) return st;
+  }
+  for (size_t i = 0; i < pages.size(); ++i) {
+    if (auto st = ImportPage(pages[i], dtype, payloads[i]); !st.ok()) return st;
+    ++*done;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status KvPool::ExportPages(std::span<const int32_t> pages, PayloadDtype dtype,
+                                 std::vector<std::vector<uint8_t>>* payloads, int64_t* done) const {
+  *done = 0;
+  for (const int32_t page : pages) {
+    if (auto st = CheckPage(page); !st.ok()) return st;
+  }
+  payloads->resize(pages.size());
+  for (size_t i = 0; i < pages.size(); ++i) {
+    if (auto st = ExportPage(pages[i], dtype, &(*payloads)[i]); !st.ok()) return st;
+    ++*done;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status EnsureCapacity(KvPool& pool, PageTable& table, int64_t tokens) {
   const int64_t b = pool.layout().block_tokens;
   const int64_t need = (tokens + b - 1) / b;

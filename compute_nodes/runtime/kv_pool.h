@@ -60,6 +60,17 @@ class KvPool {
                                   std::vector<uint8_t>* payload) const = 0;
   virtual absl::Status ImportPage(int32_t page, PayloadDtype dtype,
                                   std::span<const uint8_t> payload) = 0;
+  // Many pages at once (a cached prefix loaded, a sequence's blocks saved): payloads[i] <->
+  // pages[i]. Every page and payload size is checked before anything moves. On an error after
+  // that, the pages before `*done` (Import) or the payloads before it (Export) are complete and
+  // the rest are not. The base versions call the per-page ones; a device pool overlaps the host
+  // copies with the transfers.
+  virtual absl::Status ImportPages(std::span<const int32_t> pages, PayloadDtype dtype,
+                                   std::span<const std::span<const uint8_t>> payloads,
+                                   int64_t* done);
+  virtual absl::Status ExportPages(std::span<const int32_t> pages, PayloadDtype dtype,
+                                   std::vector<std::vector<uint8_t>>* payloads,
+                                   int64_t* done) const;
 
  protected:
   absl::Status CheckPage(int32_t page) const;

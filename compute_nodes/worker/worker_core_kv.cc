@@ -41,13 +41,24 @@ void WorkerCore::LoaderLoop() {
       cache_client::FetchResult r =
           client->Fetch(seq->spec.ns, std::span<const BlockKey>(seq->keys).subspan(0, n), tokens,
                         layout, seq->spec.id);
+      // Every fetched block into its page in one batched move (host copies overlap the
+      // transfers); on an error, the pages before `imported` hold their blocks.
+      std::vector<std::span<const uint8_t>> payloads;
+      payloads.reserve(r.blocks.size());
       for (const cache_client::FetchedBlock& b : r.blocks) {
-        if (!pool.ImportPage(seq->pages.pages[imported], runtime::PayloadDtype::kBf16, b.payload)
-                 .ok()) {
-          failed = true;
-          break;
-        }
-        ++imported;
+        if (payloads.size() == seq->pages.pages.size()) break;
+        payloads.emplace_back(b.payload);
+      }
+      const absl::Status st =
+          pool.ImportPages(std::span<const int32_t>(seq->pages.pages).first(payloads.size()),
+                           runtime::PayloadDtype::kBf16, payloads, &imported);
+      if (!st.ok()) {
+        failed = true;
+        spdlog::warn("request {}: importing cached blocks into pages failed after {} of {}: {}",
+                     seq->spec.id, imported, payloads.size(), st.ToString());
+      }
+      for (int64_t i = 0; i < imported; ++i) {
+        const cache_client::FetchedBlock& b = r.blocks[i];
         int64_t* tier = remote                                  ? &counts.remote
                         : b.tier == cache_client::HitTier::kSsd ? &counts.ssd
                         : b.tier == cache_client::HitTier::kGpu ? &counts.gpu
@@ -123,15 +134,24 @@ void WorkerCore::SaveBlocks(const SeqPtr& seq, int64_t upto) {
   ExtendKeys(*seq, upto);
   std::vector<cache_client::BlockToSave> blocks;
   const int64_t from = seq->saved_blocks;
-  for (int64_t b = from; b < upto; ++b) {
+  // The pages' payloads in one batched move; blocks past a failed export are not saved (they
+  // stay in the pages, so nothing is lost but the cache copy).
+  std::vector<std::vector<uint8_t>> payloads;
+  int64_t exported = 0;
+  const absl::Status st =
+      pool.ExportPages(std::span<const int32_t>(seq->pages.pages).subspan(from, upto - from),
+                       runtime::PayloadDtype::kBf16, &payloads, &exported);
+  if (!st.ok()) {
+    spdlog::warn("request {}: exporting blocks {}..{} failed after {}: {}", seq->spec.id, from,
+                 upto, exported, st.ToString());
+  }
+  for (int64_t b = from; b < from + exported; ++b) {
     cache_client::BlockToSave block;
     block.key = seq->keys[b];
     if (b > 0) block.parent = seq->keys[b - 1];
     block.tokens =
         AsU32(std::span<const int32_t>(seq->tokens).subspan(b * block_tokens_, block_tokens_));
-    if (!pool.ExportPage(seq->pages.pages[b], runtime::PayloadDtype::kBf16, &block.payload).ok()) {
-      break;
-    }
+    block.payload = std::move(payloads[b - from]);
     blocks.push_back(std::move(block));
   }
   seq->saved_blocks = upto;

@@ -12,6 +12,7 @@
 #include "compute_nodes/model/weights.h"
 #include "compute_nodes/runtime/generate.h"
 #include "compute_nodes/runtime/sampler.h"
+#include "tests/compute_nodes/kv_pool_checks.h"
 #include "tests/compute_nodes/test_util.h"
 
 namespace strata {
@@ -365,6 +366,13 @@ TEST(KvPoolTest, PayloadIsLayerMajorLatentThenKPe) {
   EXPECT_EQ(pool.Latent(*other, 1)[5 * 8 + 1], 1048.0f);  // 1051 rounds to 1048 (8-bit mantissa)
   EXPECT_FALSE(pool.ImportPage(*other, runtime::PayloadDtype::kF32, bf16).ok());
   EXPECT_FALSE(pool.ExportPage(7, runtime::PayloadDtype::kF32, &payload).ok());
+}
+
+TEST(KvPoolTest, BatchedMovesEqualPerPageMoves) {
+  runtime::HostKvPool pool({/*num_layers=*/3, /*block_tokens=*/16, /*latent_dim=*/8,
+                            /*rope_dim=*/4},
+                           12);
+  testutil::CheckBatchedPageMoves(pool, 11, 7);
 }
 
 TEST(KvPoolTest, ExhaustionIsAStatusAndLeaksNothing) {

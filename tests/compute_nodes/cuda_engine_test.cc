@@ -27,6 +27,7 @@
 #include "compute_nodes/model/make_random.h"
 #include "compute_nodes/model/weights.h"
 #include "kernels/moe_experts/moe_grouped.h"
+#include "tests/compute_nodes/kv_pool_checks.h"
 #include "tests/compute_nodes/test_util.h"
 
 namespace strata {
@@ -258,6 +259,15 @@ TEST_P(CudaEngineTest, MixedBatchMatchesCpu) {
 // A cached prefix restored from block payloads: 64 tokens computed on the GPU (or on the CPU),
 // exported as a bf16 payload, imported into a fresh page of the GPU engine; the suffix computed
 // on top must give the logits of the uninterrupted GPU run.
+// The device pool's batched moves (batches of 8 through two staging sets: 19 pages = 8 + 8 + 3)
+// against its per-page ones, fp32 payloads and refused bad input included.
+TEST_P(CudaEngineTest, BatchedPageMovesEqualPerPageMoves) {
+  Engines e = Open(GetParam());
+  ASSERT_NE(e.gpu, nullptr);
+  testutil::CheckBatchedPageMoves(e.gpu->kv_pool(), 19, 11);
+  testutil::CheckBatchedPageMoves(e.gpu->kv_pool(), 3, 12);
+}
+
 TEST_P(CudaEngineTest, CachedPrefixImport) {
   Engines e = Open(GetParam());
   ASSERT_NE(e.gpu, nullptr);

@@ -7,8 +7,11 @@
 // read/write a pinned, device-mapped staging buffer directly (zero-copy over PCIe); bf16 payloads
 // move bits unchanged, fp32 payloads are widened/rounded on the host. Both are synchronous (the
 // page or payload is complete on return) and serialized by a mutex; they run on the pool's own
-// stream, so the caller must not run a Forward that writes the same page concurrently (the engine
-// is single-threaded anyway).
+// stream, beside the engine's (the worker loads cached prefixes from its loader thread while the
+// loop runs Forward), so the caller must not run a Forward that touches the same page
+// concurrently. ImportPages/ExportPages move many pages in batches of kBatchPages through two
+// sets of staging slots: the host copies one batch's payloads (on up to 8 threads) while the
+// kernel moves the other's, one launch per batch.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -16,8 +19,10 @@
 
 #include <cstdint>
 #include <memory>
-
 #include <mutex>
+#include <span>
+#include <vector>
+
 #include "compute_nodes/runtime/kv_pool.h"
 
 namespace strata::cuda {
@@ -39,6 +44,14 @@ class DeviceKvPool final : public runtime::KvPool {
                           std::vector<uint8_t>* payload) const override;
   absl::Status ImportPage(int32_t page, runtime::PayloadDtype dtype,
                           std::span<const uint8_t> payload) override;
+  absl::Status ImportPages(std::span<const int32_t> pages, runtime::PayloadDtype dtype,
+                           std::span<const std::span<const uint8_t>> payloads,
+                           int64_t* done) override;
+  absl::Status ExportPages(std::span<const int32_t> pages, runtime::PayloadDtype dtype,
+                           std::vector<std::vector<uint8_t>>* payloads,
+                           int64_t* done) const override;
+
+  static constexpr int kBatchPages = 8;
 
   // Fills every page with random bf16 N(0, 1) (benchmarks that start from a full context).
   absl::Status FillRandom(uint64_t seed);
@@ -47,6 +60,11 @@ class DeviceKvPool final : public runtime::KvPool {
   DeviceKvPool(runtime::KvLayout layout, int64_t num_pages) : KvPool(layout, num_pages) {}
   // Runs the gather (to_payload) or scatter between `page` and the staging buffer.
   absl::Status Move(int32_t page, bool to_payload) const;
+  // The batched moves' staging (allocated on first use) and one batch of `count` pages of set
+  // `set` (pages already in batch_host_pages_), enqueued with its event.
+  absl::Status EnsureBatchStaging() const;
+  absl::Status LaunchBatch(int set, int count, bool to_payload) const;
+  uint8_t* BatchSlot(int set, int i) const;
 
   __nv_bfloat16* pool_ = nullptr;
   int64_t layer_stride_ = 0;  // elements
@@ -56,6 +74,13 @@ class DeviceKvPool final : public runtime::KvPool {
   int32_t* host_page_ = nullptr;  // pinned: [1] page, then the payload pointer
   int32_t* dev_page_ = nullptr;   // device: [1] page
   uint8_t** dev_payloads_ = nullptr;
+  // Batched moves (under mu_): [2][kBatchPages] bf16 payload slots, pinned and mapped; the pages
+  // of each set (pinned, and on the device); the slots' device pointers; an event per set.
+  mutable uint8_t* batch_staging_ = nullptr;
+  mutable int32_t* batch_host_pages_ = nullptr;
+  mutable int32_t* batch_dev_pages_ = nullptr;
+  mutable uint8_t** batch_dev_payloads_ = nullptr;
+  mutable cudaEvent_t batch_done_[2] = {nullptr, nullptr};
 };
 
 }  // namespace strata::cuda
