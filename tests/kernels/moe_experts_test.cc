@@ -3,6 +3,8 @@
 // experts, one expert holding more tokens than a pass (several passes), sizes that are not
 // multiples of the tiles, invalid expert ids, poisoned outputs; the identity (dense MLP) mode and
 // the skinny GEMM built on the same kernels (label gpu: SKIPPED without a GPU).
+#include "kernels/moe_experts/moe_experts.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,8 +12,8 @@
 #include <random>
 #include <vector>
 
-#include "kernels/moe_experts/moe_experts.h"
 #include "tests/kernels/gpu_test_util.h"
+#include "tests/kernels/moe_align_buffers.h"
 #include "tests/kernels/small_kernels_reference.h"
 
 namespace strata::kernels {
@@ -72,36 +74,23 @@ std::vector<uint16_t> ToBf16s(const std::vector<float>& v) {
 
 void RunCase(const Case& c, MoeExpertsTest& t, std::vector<float>& x_host,
              std::vector<int32_t>& ids) {
-  SCOPED_TRACE(::testing::Message() << "tokens=" << c.tokens << " E=" << c.experts
-                                    << " k=" << c.top_k << " H=" << c.hidden << " I=" << c.inter
-                                    << " tiles=" << c.token_tiles
-                                    << " routing=" << static_cast<int>(c.routing));
+  SCOPED_TRACE(::testing::Message()
+               << "tokens=" << c.tokens << " E=" << c.experts << " k=" << c.top_k
+               << " H=" << c.hidden << " I=" << c.inter << " tiles=" << c.token_tiles
+               << " routing=" << static_cast<int>(c.routing));
   const int64_t stride = 3 * static_cast<int64_t>(c.inter) * c.hidden + 8;  // padded on purpose
   const int slots = c.tokens * c.top_k;
   const int64_t ld_x = c.hidden + 16;
-  std::vector<float> w = t.Random(stride * c.experts, 1.f / std::sqrt(static_cast<float>(c.hidden)));
+  std::vector<float> w =
+      t.Random(stride * c.experts, 1.f / std::sqrt(static_cast<float>(c.hidden)));
   x_host = t.Random(static_cast<size_t>(c.tokens) * ld_x, 1.f);
   ids = t.Route(c);
 
-  DeviceBuffer d_w(ToBf16s(w)), d_x(ToBf16s(x_host)), d_ids(ids);
-  DeviceBuffer d_count(c.experts * 4), d_offset((c.experts + 1) * 4), d_active(c.experts * 4),
-      d_num_active(4), d_slot_token(std::max(slots, 1) * 4), d_token_slot(std::max(slots, 1) * 8),
-      d_error(std::vector<int32_t>{0});
+  DeviceBuffer d_w(ToBf16s(w)), d_x(ToBf16s(x_host));
   DeviceBuffer d_act(static_cast<size_t>(std::max(slots, 1)) * c.inter * 2),
       d_out(static_cast<size_t>(std::max(slots, 1)) * c.hidden * 2);
-
-  MoeAlignParams a;
-  a.num_tokens = c.tokens;
-  a.top_k = c.top_k;
-  a.num_experts = c.experts;
-  a.experts = d_ids.get<int32_t>();
-  a.expert_count = d_count.get<int32_t>();
-  a.expert_offset = d_offset.get<int32_t>();
-  a.active = d_active.get<int32_t>();
-  a.num_active = d_num_active.get<int32_t>();
-  a.slot_token = d_slot_token.get<int32_t>();
-  a.token_slot = d_token_slot.get<int64_t>();
-  a.error = d_error.get<int32_t>();
+  testing::MoeAlignBuffers align(ids, c.tokens, c.top_k, c.experts);
+  const MoeAlignParams& a = align.params;
   ASSERT_TRUE(LaunchMoeAlign(a, nullptr).ok());
 
   MoeExpertsParams p;
@@ -127,9 +116,10 @@ void RunCase(const Case& c, MoeExpertsTest& t, std::vector<float>& x_host,
   ASSERT_CUDA_OK(cudaDeviceSynchronize());
 
   // Alignment.
-  const auto count = d_count.Download<int32_t>(), offset = d_offset.Download<int32_t>(),
-             active = d_active.Download<int32_t>(), slot_token = d_slot_token.Download<int32_t>();
-  const auto token_slot = d_token_slot.Download<int64_t>();
+  const auto count = align.count.Download<int32_t>(), offset = align.offset.Download<int32_t>(),
+             active = align.active.Download<int32_t>(),
+             slot_token = align.slot_token.Download<int32_t>();
+  const auto token_slot = align.token_slot.Download<int64_t>();
   std::vector<int32_t> want_count(c.experts, 0);
   bool invalid = false;
   for (int32_t e : ids) {
@@ -139,7 +129,7 @@ void RunCase(const Case& c, MoeExpertsTest& t, std::vector<float>& x_host,
       invalid = true;
     }
   }
-  EXPECT_EQ(d_error.Download<int32_t>()[0], invalid ? 1 : 0);
+  EXPECT_EQ(align.error.Download<int32_t>()[0], invalid ? 1 : 0);
   int want_active = 0, run = 0;
   for (int e = 0; e < c.experts; ++e) {
     ASSERT_EQ(count[e], want_count[e]) << "expert " << e;
@@ -148,7 +138,7 @@ void RunCase(const Case& c, MoeExpertsTest& t, std::vector<float>& x_host,
     if (want_count[e] > 0) ASSERT_EQ(active[want_active++], e);
   }
   EXPECT_EQ(offset[c.experts], run);
-  EXPECT_EQ(d_num_active.Download<int32_t>()[0], want_active);
+  EXPECT_EQ(align.num_active.Download<int32_t>()[0], want_active);
   for (int e = want_active; e < c.experts; ++e) EXPECT_EQ(active[e], -1);
   std::vector<int> used(std::max(slots, 1), 0);
   for (int i = 0; i < slots; ++i) {
@@ -182,20 +172,21 @@ void RunCase(const Case& c, MoeExpertsTest& t, std::vector<float>& x_host,
   EXPECT_EQ(err_out.non_finite, 0);
   EXPECT_LT(err_act.Rel(), 1e-2);
   EXPECT_LT(err_out.Rel(), 1e-2);
-  std::printf("tokens %3d E %3d k %d H %5d I %5d tiles %d: act rel %.2e  out rel %.2e  (%ld rows)\n",
-              c.tokens, c.experts, c.top_k, c.hidden, c.inter, c.token_tiles, err_act.Rel(),
-              err_out.Rel(), static_cast<long>(err_out.count / c.hidden));
+  std::printf(
+      "tokens %3d E %3d k %d H %5d I %5d tiles %d: act rel %.2e  out rel %.2e  (%ld rows)\n",
+      c.tokens, c.experts, c.top_k, c.hidden, c.inter, c.token_tiles, err_act.Rel(), err_out.Rel(),
+      static_cast<long>(err_out.count / c.hidden));
 }
 
 TEST_F(MoeExpertsTest, MatchesReference) {
   const std::vector<Case> cases = {
-      {1, 64, 6, 2048, 1408, 1, Routing::kRandom},    // v2-lite decode, batch 1
-      {16, 24, 6, 2048, 1408, 2, Routing::kRandom},   // batch 16: ragged and empty experts
-      {9, 16, 6, 2048, 1408, 1, Routing::kSkewed},    // 9 tokens on one expert, one-tile passes
-      {40, 8, 2, 136, 88, 2, Routing::kSkewed},       // 40 on expert 3: three passes; odd sizes
-      {24, 16, 4, 64, 32, 1, Routing::kInvalid},      // tiny preset sizes, bad ids
-      {5, 4, 4, 72, 24, 2, Routing::kRandom},         // every expert active, K below a step
-      {0, 8, 2, 64, 32, 1, Routing::kRandom},         // no tokens
+      {1, 64, 6, 2048, 1408, 1, Routing::kRandom},   // v2-lite decode, batch 1
+      {16, 24, 6, 2048, 1408, 2, Routing::kRandom},  // batch 16: ragged and empty experts
+      {9, 16, 6, 2048, 1408, 1, Routing::kSkewed},   // 9 tokens on one expert, one-tile passes
+      {40, 8, 2, 136, 88, 2, Routing::kSkewed},      // 40 on expert 3: three passes; odd sizes
+      {24, 16, 4, 64, 32, 1, Routing::kInvalid},     // tiny preset sizes, bad ids
+      {5, 4, 4, 72, 24, 2, Routing::kRandom},        // every expert active, K below a step
+      {0, 8, 2, 64, 32, 1, Routing::kRandom},        // no tokens
   };
   std::vector<float> x;
   std::vector<int32_t> ids;
@@ -208,16 +199,16 @@ TEST_F(MoeExpertsTest, IdentityMlpMatchesReference) {
   struct Shape {
     int tokens, hidden, inter;
   };
-  for (const Shape& c : std::vector<Shape>{{1, 2048, 2816}, {16, 2048, 2816}, {11, 136, 88},
-                                           {20, 64, 40}}) {
-    SCOPED_TRACE(::testing::Message() << "tokens=" << c.tokens << " H=" << c.hidden
-                                      << " I=" << c.inter);
+  for (const Shape& c :
+       std::vector<Shape>{{1, 2048, 2816}, {16, 2048, 2816}, {11, 136, 88}, {20, 64, 40}}) {
+    SCOPED_TRACE(::testing::Message()
+                 << "tokens=" << c.tokens << " H=" << c.hidden << " I=" << c.inter);
     const int64_t gu_size = 2 * static_cast<int64_t>(c.inter) * c.hidden;
     const std::vector<float> w = Random(gu_size + static_cast<int64_t>(c.hidden) * c.inter,
                                         1.f / std::sqrt(static_cast<float>(c.hidden)));
     const std::vector<float> x = Random(static_cast<size_t>(c.tokens) * c.hidden, 1.f);
-    const std::vector<float> gate_up(w.begin(), w.begin() + gu_size), down(w.begin() + gu_size,
-                                                                           w.end());
+    const std::vector<float> gate_up(w.begin(), w.begin() + gu_size),
+        down(w.begin() + gu_size, w.end());
     DeviceBuffer d_gu(ToBf16s(gate_up)), d_down(ToBf16s(down)), d_x(ToBf16s(x));
     DeviceBuffer d_act(static_cast<size_t>(c.tokens) * c.inter * 2),
         d_out(static_cast<size_t>(c.tokens) * c.hidden * 2);

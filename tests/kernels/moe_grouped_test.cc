@@ -16,6 +16,7 @@
 
 #include "kernels/moe_experts/moe_experts.h"
 #include "tests/kernels/gpu_test_util.h"
+#include "tests/kernels/moe_align_buffers.h"
 #include "tests/kernels/small_kernels_reference.h"
 
 namespace strata::kernels {
@@ -78,26 +79,11 @@ class MoeGroupedTest : public ::testing::Test {
     DeviceBuffer d_w(RandomBf16(stride * c.experts, 1.f / std::sqrt(float(c.hidden)), &w));
     DeviceBuffer d_x(RandomBf16(std::max<int64_t>(c.tokens, 1) * ld_x, 1.f, &x));
     const std::vector<int32_t> ids = Route(c);
-    DeviceBuffer d_ids(ids);
     const size_t s1 = std::max<int64_t>(slots, 1);
-    DeviceBuffer d_count(c.experts * 4), d_offset((c.experts + 1) * 4), d_active(c.experts * 4),
-        d_num_active(4), d_slot_token(s1 * 4), d_token_slot(s1 * 8),
-        d_error(std::vector<int32_t>{0});
     DeviceBuffer d_schedule(MoeGroupedScheduleBytes(slots, c.experts)), d_xs(s1 * c.hidden * 2),
         d_act(s1 * c.inter * 2), d_out(s1 * c.hidden * 2);
-
-    MoeAlignParams a;
-    a.num_tokens = c.tokens;
-    a.top_k = c.top_k;
-    a.num_experts = c.experts;
-    a.experts = d_ids.get<int32_t>();
-    a.expert_count = d_count.get<int32_t>();
-    a.expert_offset = d_offset.get<int32_t>();
-    a.active = d_active.get<int32_t>();
-    a.num_active = d_num_active.get<int32_t>();
-    a.slot_token = d_slot_token.get<int32_t>();
-    a.token_slot = d_token_slot.get<int64_t>();
-    a.error = d_error.get<int32_t>();
+    testing::MoeAlignBuffers align(ids, c.tokens, c.top_k, c.experts);
+    const MoeAlignParams& a = align.params;
     ASSERT_TRUE(LaunchMoeAlign(a, nullptr).ok());
 
     MoeGroupedParams p;
@@ -121,8 +107,8 @@ class MoeGroupedTest : public ::testing::Test {
     ASSERT_CUDA_OK(cudaDeviceSynchronize());
 
     // The schedule: every expert's slots covered by ceil(count / 128) tiles, in expert order.
-    const auto offset = d_offset.Download<int32_t>();
-    const auto token_slot = d_token_slot.Download<int64_t>();
+    const auto offset = align.offset.Download<int32_t>();
+    const auto token_slot = align.token_slot.Download<int64_t>();
     if (slots > 0) {
       const auto sched = d_schedule.Download<int32_t>();
       int want_tiles = 0;
