@@ -1,0 +1,232 @@
+// The two attention forms of a CUDA engine step: MHA over the decompressed context (prefill
+// rows) and absorbed MLA decode over the latent pages (decode rows).
+#include "common/status.h"
+#include "compute_nodes/backend/cuda/cuda_ops.h"
+#include "compute_nodes/backend/cuda/engine_impl.h"
+#include "kernels/mla_decode/mla_decode.h"
+#include "kernels/moe_experts/moe_experts.h"
+#include "kernels/prefill_attention/prefill_attention.h"
+
+namespace strata::cuda {
+namespace {
+
+using bf16 = __nv_bfloat16;
+using engine_detail::kLatent;
+using engine_detail::kPadNope;
+using engine_detail::kPadQk;
+using engine_detail::kPadV;
+using engine_detail::kRope;
+using engine_detail::kRow;
+using engine_detail::MhaSeq;
+using model::ModelConfig;
+
+}  // namespace
+
+// Attention, MHA form: per prefill sequence over its decompressed context. The prefill kernel
+// reads K = [k_nope | 0 | k_pe] (192 per head) and V = [v | ·] (128) through strides, so W_UK and
+// W_UV (the two halves of every head's kv_b_proj rows) write straight into those layouts as two
+// GEMMs batched over the heads, and only k_pe, shared by every head, is copied. Q and the output
+// need copies only when the model's head dims are narrower than the kernel's (small presets).
+absl::Status CudaEngine::Impl::MhaAttention(const DeviceLayer& L, const StepPlan& P,
+                                            int64_t layer) {
+  const ModelConfig& c = W.config();
+  const int64_t heads = c.num_attention_heads, nope = c.qk_nope_head_dim, vd = c.v_head_dim;
+  const int64_t qk = c.qk_head_dim(), kvb_row = nope + vd;
+  const bool q_direct = nope == kPadNope, out_direct = vd == kPadV;
+  const bf16* pool_l = pool.layer_base(layer);
+  bf16* attn_p = attn.as<bf16>();
+  bf16* kpp = kp.as<bf16>();
+  for (const MhaSeq& sq : P.mha) {
+    bf16* latp = lat.as<bf16>();
+    RETURN_IF_ERROR(GatherRows(pool_l, kRow, meta.At<int64_t>(P.o_lat) + sq.lat_off, sq.ctx, kRow,
+                               latp, kRow, s));
+    // k_nope[t][h] = W_UK[h] · c_kv[t] and v[t][h] = W_UV[h] · c_kv[t].
+    GemmArgs g;
+    g.m = sq.ctx;
+    g.k = kLatent;
+    g.a = latp;
+    g.lda = kRow;
+    g.ldb = kLatent;
+    g.batch = heads;
+    g.stride_a = 0;
+    g.stride_b = kvb_row * kLatent;
+    g.n = nope;
+    g.b = L.kv_b_proj.w;
+    g.c = kpp;
+    g.ldc = heads * kPadQk;
+    g.stride_c = kPadQk;
+    RETURN_IF_ERROR(blas.Gemm(g));
+    g.n = vd;
+    g.b = L.kv_b_proj.w + nope * kLatent;
+    g.c = vp.as<bf16>();
+    g.ldc = heads * kPadV;
+    g.stride_c = kPadV;
+    RETURN_IF_ERROR(blas.Gemm(g));
+    // V's pad lanes (vd < 128) reach only output lanes that are dropped; K's must be zero, as Q's.
+    CopyHeadsParams cp;
+    if (!q_direct) {
+      cp = {sq.ctx, heads, 0, kPadNope - nope, nullptr, 0, 0, kpp + nope, heads * kPadQk, kPadQk};
+      RETURN_IF_ERROR(CopyHeads(cp, s));
+    }
+    cp = {sq.ctx, heads, kRope,          kRope,          latp + kLatent,
+          kRow,   0,     kpp + kPadNope, heads * kPadQk, kPadQk};
+    RETURN_IF_ERROR(CopyHeads(cp, s));
+    // Q = [q_nope | 0 | q_pe].
+    const bf16* qs = q.as<bf16>() + sq.first_row * heads * qk;
+    if (!q_direct) {
+      cp = {sq.q_len,   heads, nope,          kPadNope,       qs,
+            heads * qk, qk,    qp.as<bf16>(), heads * kPadQk, kPadQk};
+      RETURN_IF_ERROR(CopyHeads(cp, s));
+      cp = {sq.q_len,       heads,      kRope, kRope,
+            qs + nope,      heads * qk, qk,    qp.as<bf16>() + kPadNope,
+            heads * kPadQk, kPadQk};
+      RETURN_IF_ERROR(CopyHeads(cp, s));
+    }
+    bf16* out = attn_p + sq.first_row * heads * vd;
+    kernels::PrefillAttentionParams p;
+    p.batch = 1;
+    p.num_heads = static_cast<int>(heads);
+    p.max_seqlen_q = static_cast<int>(sq.q_len);
+    p.causal = true;
+    p.accumulate = false;
+    p.softmax_scale = static_cast<float>(c.SoftmaxScale());
+    p.cu_seqlens_q = meta.At<int32_t>(P.o_cu) + sq.cu_off;
+    p.cu_seqlens_k = meta.At<int32_t>(P.o_cu) + sq.cu_off + 2;
+    p.q = q_direct ? qs : qp.as<bf16>();
+    p.q_token_stride = q_direct ? heads * qk : heads * kPadQk;
+    p.q_head_stride = q_direct ? qk : kPadQk;
+    p.k = kpp;
+    p.k_token_stride = heads * kPadQk;
+    p.k_head_stride = kPadQk;
+    p.v = vp.as<bf16>();
+    p.v_token_stride = heads * kPadV;
+    p.v_head_stride = kPadV;
+    p.out = out_direct ? out : op.as<bf16>();
+    p.out_token_stride = heads * kPadV;
+    p.out_head_stride = kPadV;
+    p.lse = plse.as<float>();
+    p.total_k = static_cast<int64_t>(sq.ctx);
+    RETURN_IF_ERROR(kernels::LaunchPrefillAttention(p, s));
+    if (!out_direct) {
+      cp = {sq.q_len, heads, vd, vd, op.as<bf16>(), heads * kPadV, kPadV, out, heads * vd, vd};
+      RETURN_IF_ERROR(CopyHeads(cp, s));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Attention, absorbed form (MLA decode over the latent pages).
+absl::Status CudaEngine::Impl::AbsorbedAttention(const DeviceLayer& L, const StepPlan& P,
+                                                 int64_t layer) {
+  if (P.m == 0) return absl::OkStatus();
+  const ModelConfig& c = W.config();
+  const int64_t m = P.m, heads = c.num_attention_heads, nope = c.qk_nope_head_dim;
+  const int64_t vd = c.v_head_dim, qk = c.qk_head_dim(), kvb_row = nope + vd;
+  const int64_t hq_pad = (heads + 15) / 16 * 16;
+  const bf16* qdp = q.as<bf16>();
+  if (!P.all_decode) {
+    RETURN_IF_ERROR(GatherRows(q.as<bf16>(), heads * qk, meta.At<int64_t>(P.o_dec), m, heads * qk,
+                               qd.as<bf16>(), heads * qk, s));
+    qdp = qd.as<bf16>();
+  }
+  bf16* qf = qfull.as<bf16>();
+  const bool skinny = m <= kSkinnyMaxRows && wuk_t != nullptr;
+  // q_pe into the query rows (side stream) beside q_lat.
+  RETURN_IF_ERROR(side->Fork());
+  CopyHeadsParams cp{m,          heads, kRope,        kRope,         qdp + nope,
+                     heads * qk, qk,    qf + kLatent, hq_pad * kRow, kRow};
+  RETURN_IF_ERROR(CopyHeads(cp, side->stream()));
+  // q_lat[r][hd] = q_nope[r][hd] · W_UK[hd]   ([nope] × [nope][512], one GEMM per head).
+  if (skinny) {
+    kernels::SkinnyGemmParams sg;
+    sg.tokens = static_cast<int>(m);
+    sg.n_out = static_cast<int>(kLatent);
+    sg.k = static_cast<int>(nope);
+    sg.batch = static_cast<int>(heads);
+    sg.x = qdp;
+    sg.ld_x = heads * qk;
+    sg.batch_stride_x = qk;
+    sg.w = wuk_t + layer * heads * kLatent * nope;
+    sg.batch_stride_w = kLatent * nope;
+    sg.out = qf;
+    sg.ld_out = hq_pad * kRow;
+    sg.batch_stride_out = kRow;
+    RETURN_IF_ERROR(kernels::LaunchSkinnyGemm(sg, s));
+    RETURN_IF_ERROR(side->Join());
+  }
+  GemmArgs g;
+  g.m = m;
+  g.n = kLatent;
+  g.k = nope;
+  g.trans_b = false;
+  g.a = qdp;
+  g.lda = heads * qk;
+  g.stride_a = qk;
+  g.b = L.kv_b_proj.w;
+  g.ldb = kLatent;
+  g.stride_b = kvb_row * kLatent;
+  g.c = qf;
+  g.ldc = hq_pad * kRow;
+  g.stride_c = kRow;
+  g.batch = heads;
+  if (!skinny) {
+    RETURN_IF_ERROR(blas.Gemm(g));
+    RETURN_IF_ERROR(side->Join());
+  }
+  kernels::MlaDecodeParams p;
+  p.batch = static_cast<int>(m);
+  p.num_heads_q = static_cast<int>(hq_pad);
+  p.num_pages = static_cast<int>(pool.num_pages());
+  p.max_pages_per_seq = static_cast<int>(P.table_pages);
+  p.num_splits = P.num_splits;
+  p.softmax_scale = static_cast<float>(c.SoftmaxScale());
+  p.q = qf;
+  p.kv_cache = pool.layer_base(layer);
+  p.block_table = meta.At<int32_t>(P.o_dtab);
+  p.seqlens = meta.At<int32_t>(P.o_dlen);
+  p.out = olat.as<bf16>();
+  p.lse = dlse.as<float>();
+  if (P.num_splits > 1) kernels::MlaDecodeSetWorkspace(p, dws.as<void>());
+  RETURN_IF_ERROR(kernels::LaunchMlaDecode(p, s));
+  // out[r][hd] = o_lat[r][hd] · W_UV[hd]ᵀ   ([512] × [vd][512]ᵀ, one GEMM per head).
+  bf16* odp = P.all_decode ? attn.as<bf16>() : od.as<bf16>();
+  if (skinny) {
+    kernels::SkinnyGemmParams sg;
+    sg.tokens = static_cast<int>(m);
+    sg.n_out = static_cast<int>(vd);
+    sg.k = static_cast<int>(kLatent);
+    sg.batch = static_cast<int>(heads);
+    sg.x = olat.as<bf16>();
+    sg.ld_x = hq_pad * kLatent;
+    sg.batch_stride_x = kLatent;
+    sg.w = L.kv_b_proj.w + nope * kLatent;
+    sg.batch_stride_w = kvb_row * kLatent;
+    sg.out = odp;
+    sg.ld_out = heads * vd;
+    sg.batch_stride_out = vd;
+    RETURN_IF_ERROR(kernels::LaunchSkinnyGemm(sg, s));
+  }
+  g = GemmArgs{};
+  g.m = m;
+  g.n = vd;
+  g.k = kLatent;
+  g.trans_b = true;
+  g.a = olat.as<bf16>();
+  g.lda = hq_pad * kLatent;
+  g.stride_a = kLatent;
+  g.b = L.kv_b_proj.w + nope * kLatent;
+  g.ldb = kLatent;
+  g.stride_b = kvb_row * kLatent;
+  g.c = odp;
+  g.ldc = heads * vd;
+  g.stride_c = vd;
+  g.batch = heads;
+  if (!skinny) RETURN_IF_ERROR(blas.Gemm(g));
+  if (!P.all_decode) {
+    RETURN_IF_ERROR(ScatterRows(odp, heads * vd, meta.At<int64_t>(P.o_dec), m, heads * vd,
+                                attn.as<bf16>(), heads * vd, s));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace strata::cuda

@@ -1,0 +1,126 @@
+// The CUDA engine's state and step plan, shared by its .cc files (cuda_engine.cc: creation,
+// planning, the layer loop; attention_step.cc: both attention forms). Internal to the backend.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "compute_nodes/backend/cuda/cublas_gemm.h"
+#include "compute_nodes/backend/cuda/cuda_engine.h"
+#include "compute_nodes/backend/cuda/decode_graph.h"
+#include "compute_nodes/backend/cuda/device_kv_pool.h"
+#include "compute_nodes/backend/cuda/device_weights.h"
+#include "compute_nodes/backend/cuda/moe_block.h"
+#include "compute_nodes/backend/cuda/step_util.h"
+#include "kernels/prefill_attention/prefill_attention.h"
+
+namespace strata::cuda {
+namespace engine_detail {
+
+constexpr int64_t kRow = 576;  // latent 512 + k_pe 64: one KV row
+constexpr int64_t kLatent = 512;
+constexpr int64_t kRope = 64;
+constexpr int64_t kPadQk = kernels::kPrefillQkDim;  // 192 = 128 (nope, zero-padded) + 64
+constexpr int64_t kPadNope = kPadQk - kRope;
+constexpr int64_t kPadV = kernels::kPrefillVDim;  // 128
+
+// A prefill (MHA) sequence of the step: its rows, context, and offsets of its context rows and
+// cu_seqlens in the step's metadata.
+struct MhaSeq {
+  int64_t first_row, q_len, ctx;
+  size_t lat_off, cu_off;
+};
+
+// The host's view of one step: what the enqueued work needs besides the device buffers.
+struct StepPlan {
+  int64_t n = 0;  // new tokens (activation rows)
+  int64_t m = 0;  // of them, absorbed-form (MLA decode) rows
+  bool all_decode = false;
+  std::vector<MhaSeq> mha;
+  int64_t max_ctx = 0, max_q = 0;
+  int64_t table_pages = 0;  // block-table width of the decode rows
+  int num_splits = 1;       // MLA decode splits
+  int64_t total_out = 0;    // logits rows
+  std::vector<int64_t> out_rows, out_first;
+  int64_t kv_rows_read = 0;  // latent rows attention reads per layer
+  // Offsets into the step's metadata buffer.
+  size_t o_ids = 0, o_pos = 0, o_kv = 0, o_dec = 0, o_dlen = 0, o_dtab = 0, o_lat = 0, o_cu = 0,
+         o_out = 0;
+};
+
+}  // namespace engine_detail
+
+struct CudaEngine::Impl {
+  Impl(const DeviceWeights& w, DeviceKvPool& p, const Cublas& b, cudaStream_t st,
+       std::unique_ptr<SideStream> side_stream, const CudaEngineOptions& o)
+      : W(w),
+        pool(p),
+        blas(b),
+        s(st),
+        side(std::move(side_stream)),
+        options(o),
+        moe(w.config(), &b, st, side.get(), o.moe_device_max_tokens, o.moe_grouped, &grows) {}
+  ~Impl() {
+    if (inv_freq != nullptr) (void)cudaFree(inv_freq);
+    if (wuk_t != nullptr) (void)cudaFree(wuk_t);
+    if (ev_start != nullptr) (void)cudaEventDestroy(ev_start);
+    if (ev_end != nullptr) (void)cudaEventDestroy(ev_end);
+    if (ev_copied != nullptr) (void)cudaEventDestroy(ev_copied);
+  }
+  using bf16 = __nv_bfloat16;
+  using StepPlan = engine_detail::StepPlan;
+
+  absl::Status Plan(std::span<const runtime::SequenceInput> batch, StepPlan* plan);
+  absl::Status Reserve(const StepPlan& plan);
+  absl::Status Enqueue(const StepPlan& plan);
+  absl::Status Norm(int64_t rows, int64_t dim, const bf16* in, int64_t ld_in, bf16* residual,
+                    const bf16* weight, bf16* out, int64_t ld_out, cudaStream_t stream);
+  absl::Status Rope(bf16* x, int64_t rows, int64_t heads, int64_t token_stride, int64_t head_stride,
+                    const StepPlan& P, cudaStream_t stream);
+  absl::Status MhaAttention(const DeviceLayer& L, const StepPlan& P, int64_t layer);
+  // Picks every output row's token on the GPU with its sequence's draw (rows before a sequence's
+  // last, and sequences without a draw, are picked greedily and never read) and queues their
+  // copy into host_logits (already large enough) at byte `at`.
+  absl::Status PickTokens(std::span<const runtime::SequenceInput> batch, const StepPlan& P,
+                          int64_t vocab, size_t at);
+  absl::Status AbsorbedAttention(const DeviceLayer& L, const StepPlan& P, int64_t layer);
+
+  const DeviceWeights& W;
+  DeviceKvPool& pool;
+  const Cublas& blas;
+  cudaStream_t s;
+  std::unique_ptr<SideStream> side;  // parallel branches: the KV path, the shared experts
+  const CudaEngineOptions options;
+  int64_t grows = 0;          // buffer reallocations (declared before the buffers that count)
+  float* inv_freq = nullptr;  // [rope / 2]
+  // W_UK of every layer transposed, [layers][heads][512][nope]: the absorbed q · W_UK as a skinny
+  // GEMM over contiguous rows (null when nope is not a multiple of 8).
+  bf16* wuk_t = nullptr;
+  int num_sms = 132;
+  cudaEvent_t ev_start = nullptr, ev_end = nullptr, ev_copied = nullptr;
+  // [logits rows][vocab] fp32 (unless every token was picked), then [logits rows] tokens.
+  PinnedBuf host_logits;
+  // Tokens picked on the GPU (outside the graphs: no address to keep).
+  Buf tokens;            // [logits rows] int32
+  PinnedBuf host_draws;  // [logits rows] kernels::SampleRowDraw
+  Buf draws;             // [logits rows] kernels::SampleRowDraw
+  Meta meta{&grows};
+  // Activations.
+  Buf x{&grows}, xn{&grows}, delta{&grows}, q{&grows}, qa{&grows}, kva{&grows}, attn{&grows},
+      gu{&grows};
+  // Decode (absorbed).
+  Buf qd{&grows}, qfull{&grows}, olat{&grows}, dlse{&grows}, dws{&grows}, od{&grows};
+  // Prefill (MHA).
+  Buf lat{&grows}, kp{&grows}, vp{&grows}, qp{&grows}, op{&grows}, plse{&grows};
+  // Output.
+  Buf fin{&grows}, logits{&grows};
+  MoeBlock moe;
+  DecodeGraphs graphs;
+};
+
+}  // namespace strata::cuda
