@@ -2,9 +2,9 @@
 
 #include <algorithm>
 #include <cstring>
-#include <thread>
 
 #include "common/cuda/cuda_status.h"
+#include "common/parallel_copy.h"
 #include "common/status.h"
 #include "common/strings.h"
 #include "compute_nodes/backend/cuda/cuda_ops.h"
@@ -41,27 +41,6 @@ void FromBf16Payload(runtime::PayloadDtype dtype, const uint8_t* bf16, size_t bf
     const float f = model::Bf16ToFloat(b);
     std::memcpy(payload->data() + 4 * i, &f, 4);
   }
-}
-
-// fn(i) for i < count, on up to 8 threads when there are megabytes to copy (one thread copies
-// ~6 GB/s on the device machine).
-template <typename Fn>
-void ForEachPage(int count, size_t bytes_each, const Fn& fn) {
-  const int64_t threads = std::min<int64_t>(
-      {count, 8, static_cast<int64_t>(std::max(1u, std::thread::hardware_concurrency())),
-       static_cast<int64_t>(count * bytes_each / (size_t{2} << 20))});
-  if (threads <= 1) {
-    for (int i = 0; i < count; ++i) fn(i);
-    return;
-  }
-  std::vector<std::thread> pool;
-  for (int64_t t = 1; t < threads; ++t) {
-    pool.emplace_back([&fn, t, threads, count] {
-      for (int64_t i = t; i < count; i += threads) fn(static_cast<int>(i));
-    });
-  }
-  for (int64_t i = 0; i < count; i += threads) fn(static_cast<int>(i));
-  for (std::thread& th : pool) th.join();
 }
 
 }  // namespace
@@ -204,8 +183,9 @@ absl::Status DeviceKvPool::ImportPages(std::span<const int32_t> pages, runtime::
       *done = end[set];
     }
     const int count = static_cast<int>(std::min<int64_t>(kBatchPages, n - start));
-    ForEachPage(count, payloads[start].size(),
-                [&](int i) { ToBf16Payload(dtype, payloads[start + i], BatchSlot(set, i)); });
+    ForEachCopy(count, count * static_cast<int64_t>(payloads[start].size()), [&](int64_t i) {
+      ToBf16Payload(dtype, payloads[start + i], BatchSlot(set, static_cast<int>(i)));
+    });
     for (int i = 0; i < count; ++i) batch_host_pages_[set * kBatchPages + i] = pages[start + i];
     RETURN_IF_ERROR(LaunchBatch(set, count, /*to_payload=*/false));
     end[set] = start + count;
@@ -241,8 +221,9 @@ absl::Status DeviceKvPool::ExportPages(std::span<const int32_t> pages, runtime::
     CUDA_RETURN_IF_ERROR(cudaEventSynchronize(batch_done_[set]));
     const int64_t start = b * kBatchPages;
     const int count = static_cast<int>(std::min<int64_t>(kBatchPages, n - start));
-    ForEachPage(count, bf16_bytes, [&](int i) {
-      FromBf16Payload(dtype, BatchSlot(set, i), bf16_bytes, &(*payloads)[start + i]);
+    ForEachCopy(count, count * static_cast<int64_t>(bf16_bytes), [&](int64_t i) {
+      FromBf16Payload(dtype, BatchSlot(set, static_cast<int>(i)), bf16_bytes,
+                      &(*payloads)[start + i]);
     });
     *done = start + count;
   }
