@@ -22,7 +22,6 @@
 #include "kernels/moe_router/moe_router.h"
 #include "kernels/norm_rope/rms_norm.h"
 #include "kernels/norm_rope/rope.h"
-#include "kernels/prefill_attention/prefill_attention.h"
 #include "kernels/sampling/greedy_sample.h"
 #include "kernels/sampling/sample.h"
 
