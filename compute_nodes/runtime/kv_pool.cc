@@ -91,18 +91,18 @@ void HostKvPool::StoreRow(int32_t page, int64_t layer, int64_t slot, const float
 }
 
 // The page already has the payload's layer-major layout, so conversion is element-wise.
-absl::Status HostKvPool::ExportPage(int32_t page, PayloadDtype dtype,
-                                    std::vector<uint8_t>* payload) const {
+absl::Status HostKvPool::ExportPageInto(int32_t page, PayloadDtype dtype,
+                                        std::span<uint8_t> out) const {
   if (auto st = CheckPage(page); !st.ok()) return st;
+  if (auto st = CheckPayload(dtype, out.size()); !st.ok()) return st;
   const float* src = storage_.data() + page * layout().floats_per_page();
   const int64_t n = layout().floats_per_page();
-  payload->resize(PayloadBytes(dtype));
   if (dtype == PayloadDtype::kF32) {
-    std::memcpy(payload->data(), src, n * 4);
+    std::memcpy(out.data(), src, n * 4);
   } else {
     for (int64_t i = 0; i < n; ++i) {
       const uint16_t b = model::FloatToBf16(src[i]);
-      std::memcpy(payload->data() + 2 * i, &b, 2);
+      std::memcpy(out.data() + 2 * i, &b, 2);
     }
   }
   return absl::OkStatus();
@@ -144,6 +144,30 @@ absl::Status KvPool::ImportPages(std::span<const int32_t> pages, PayloadDtype dt
   return absl::OkStatus();
 }
 
+absl::Status KvPool::ExportPagesInto(std::span<const int32_t> pages, PayloadDtype dtype,
+                                     std::span<const std::span<uint8_t>> outs,
+                                     int64_t* done) const {
+  *done = 0;
+  if (pages.size() != outs.size()) {
+    return absl::InvalidArgumentError("ExportPagesInto: pages and buffers differ in count");
+  }
+  for (size_t i = 0; i < pages.size(); ++i) {
+    if (auto st = CheckPage(pages[i]); !st.ok()) return st;
+    if (auto st = CheckPayload(dtype, outs[i].size()); !st.ok()) return st;
+  }
+  for (size_t i = 0; i < pages.size(); ++i) {
+    if (auto st = ExportPageInto(pages[i], dtype, outs[i]); !st.ok()) return st;
+    ++*done;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status KvPool::ExportPage(int32_t page, PayloadDtype dtype,
+                                std::vector<uint8_t>* payload) const {
+  payload->resize(PayloadBytes(dtype));
+  return ExportPageInto(page, dtype, *payload);
+}
+
 absl::Status KvPool::ExportPages(std::span<const int32_t> pages, PayloadDtype dtype,
                                  std::vector<std::vector<uint8_t>>* payloads, int64_t* done) const {
   *done = 0;
@@ -151,11 +175,17 @@ absl::Status KvPool::ExportPages(std::span<const int32_t> pages, PayloadDtype dt
     if (auto st = CheckPage(page); !st.ok()) return st;
   }
   payloads->resize(pages.size());
-  for (size_t i = 0; i < pages.size(); ++i) {
-    if (auto st = ExportPage(pages[i], dtype, &(*payloads)[i]); !st.ok()) return st;
-    ++*done;
+  std::vector<std::span<uint8_t>> outs;
+  outs.reserve(pages.size());
+  for (std::vector<uint8_t>& p : *payloads) {
+    p.resize(PayloadBytes(dtype));
+    outs.emplace_back(p);
   }
-  return absl::OkStatus();
+  return ExportPagesInto(pages, dtype, outs, done);
+}
+
+absl::StatusOr<std::shared_ptr<HostBuffer>> KvPool::AllocateHostBuffer(size_t bytes) const {
+  return HostBuffer::Allocate(bytes);
 }
 
 absl::Status EnsureCapacity(KvPool& pool, PageTable& table, int64_t tokens) {

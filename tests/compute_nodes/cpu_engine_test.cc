@@ -373,6 +373,7 @@ TEST(KvPoolTest, BatchedMovesEqualPerPageMoves) {
                             /*rope_dim=*/4},
                            12);
   testutil::CheckBatchedPageMoves(pool, 11, 7);
+  testutil::CheckHostBufferPageMoves(pool, 11, 8);
 }
 
 TEST(KvPoolTest, ExhaustionIsAStatusAndLeaksNothing) {

@@ -266,6 +266,9 @@ TEST_P(CudaEngineTest, BatchedPageMovesEqualPerPageMoves) {
   ASSERT_NE(e.gpu, nullptr);
   testutil::CheckBatchedPageMoves(e.gpu->kv_pool(), 19, 11);
   testutil::CheckBatchedPageMoves(e.gpu->kv_pool(), 3, 12);
+  // Pinned payloads, read and written by the kernels in place (and mixed with staged ones).
+  testutil::CheckHostBufferPageMoves(e.gpu->kv_pool(), 19, 13);
+  testutil::CheckHostBufferPageMoves(e.gpu->kv_pool(), 1, 14);
 }
 
 TEST_P(CudaEngineTest, CachedPrefixImport) {

@@ -28,19 +28,36 @@ void ToBf16Payload(runtime::PayloadDtype dtype, std::span<const uint8_t> payload
   }
 }
 
-void FromBf16Payload(runtime::PayloadDtype dtype, const uint8_t* bf16, size_t bf16_bytes,
-                     std::vector<uint8_t>* payload) {
+void FromBf16Payload(runtime::PayloadDtype dtype, const uint8_t* bf16, std::span<uint8_t> out) {
   if (dtype == runtime::PayloadDtype::kBf16) {
-    payload->assign(bf16, bf16 + bf16_bytes);
+    std::memcpy(out.data(), bf16, out.size());
     return;
   }
-  payload->resize(bf16_bytes * 2);
-  for (size_t i = 0; i < bf16_bytes / 2; ++i) {
+  for (size_t i = 0; i < out.size() / 4; ++i) {
     uint16_t b;
     std::memcpy(&b, bf16 + 2 * i, 2);
     const float f = model::Bf16ToFloat(b);
-    std::memcpy(payload->data() + 4 * i, &f, 4);
+    std::memcpy(out.data() + 4 * i, &f, 4);
   }
+}
+
+// The device address of [p, p + bytes) when all of it is pinned host memory mapped for the GPU
+// (cudaHostAlloc, or cudaHostRegister with mapping), else nullptr. Both ends are looked up, so a
+// range running off its allocation is not taken.
+uint8_t* MappedRange(const uint8_t* p, size_t bytes) {
+  auto device_address = [](const uint8_t* q) -> uint8_t* {
+    cudaPointerAttributes a{};
+    if (cudaPointerGetAttributes(&a, q) != cudaSuccess) {
+      (void)cudaGetLastError();  // not sticky; clear it for the next call
+      return nullptr;
+    }
+    return a.type == cudaMemoryTypeHost ? static_cast<uint8_t*>(a.devicePointer) : nullptr;
+  };
+  if (bytes == 0) return nullptr;
+  uint8_t* first = device_address(p);
+  if (first == nullptr) return nullptr;
+  uint8_t* last = device_address(p + bytes - 1);
+  return last == first + (bytes - 1) ? first : nullptr;
 }
 
 }  // namespace
@@ -55,17 +72,6 @@ absl::StatusOr<std::unique_ptr<DeviceKvPool>> DeviceKvPool::Create(runtime::KvLa
   CUDA_RETURN_IF_ERROR(cudaMalloc(reinterpret_cast<void**>(&p->pool_), p->device_bytes()));
   CUDA_RETURN_IF_ERROR(cudaMemset(p->pool_, 0, p->device_bytes()));
   CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&p->stream_, cudaStreamNonBlocking));
-  CUDA_RETURN_IF_ERROR(cudaHostAlloc(reinterpret_cast<void**>(&p->staging_),
-                                     p->PayloadBytes(runtime::PayloadDtype::kBf16),
-                                     cudaHostAllocMapped));
-  CUDA_RETURN_IF_ERROR(
-      cudaHostAlloc(reinterpret_cast<void**>(&p->host_page_), 64, cudaHostAllocDefault));
-  CUDA_RETURN_IF_ERROR(cudaMalloc(reinterpret_cast<void**>(&p->dev_page_), 16));
-  CUDA_RETURN_IF_ERROR(cudaMalloc(reinterpret_cast<void**>(&p->dev_payloads_), sizeof(uint8_t*)));
-  uint8_t* mapped = nullptr;
-  CUDA_RETURN_IF_ERROR(cudaHostGetDevicePointer(reinterpret_cast<void**>(&mapped), p->staging_, 0));
-  CUDA_RETURN_IF_ERROR(
-      cudaMemcpy(p->dev_payloads_, &mapped, sizeof(uint8_t*), cudaMemcpyHostToDevice));
   return p;
 }
 
@@ -73,17 +79,25 @@ DeviceKvPool::~DeviceKvPool() {
   if (stream_ != nullptr) (void)cudaStreamSynchronize(stream_);
   if (pool_ != nullptr) (void)cudaFree(pool_);
   if (staging_ != nullptr) (void)cudaFreeHost(staging_);
-  if (host_page_ != nullptr) (void)cudaFreeHost(host_page_);
-  if (dev_page_ != nullptr) (void)cudaFree(dev_page_);
-  if (dev_payloads_ != nullptr) (void)cudaFree(dev_payloads_);
-  if (batch_staging_ != nullptr) (void)cudaFreeHost(batch_staging_);
-  if (batch_host_pages_ != nullptr) (void)cudaFreeHost(batch_host_pages_);
-  if (batch_dev_pages_ != nullptr) (void)cudaFree(batch_dev_pages_);
-  if (batch_dev_payloads_ != nullptr) (void)cudaFree(batch_dev_payloads_);
+  if (host_batch_ != nullptr) (void)cudaFreeHost(host_batch_);
+  if (dev_batch_ != nullptr) (void)cudaFree(dev_batch_);
   for (cudaEvent_t e : batch_done_) {
     if (e != nullptr) (void)cudaEventDestroy(e);
   }
   if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
+}
+
+absl::StatusOr<std::shared_ptr<HostBuffer>> DeviceKvPool::AllocateHostBuffer(size_t bytes) const {
+  void* p = nullptr;
+  if (const cudaError_t err =
+          cudaHostAlloc(&p, bytes > 0 ? bytes : 1, cudaHostAllocMapped | cudaHostAllocPortable);
+      err != cudaSuccess) {
+    (void)cudaGetLastError();
+    return absl::ResourceExhaustedError(
+        StrCat("pinning a ", bytes, "-byte host buffer for KV moves: ", cudaGetErrorString(err)));
+  }
+  return std::make_shared<HostBuffer>(static_cast<uint8_t*>(p), bytes,
+                                      [](uint8_t* q) { (void)cudaFreeHost(q); });
 }
 
 namespace {
@@ -112,51 +126,45 @@ absl::Status LaunchMove(const runtime::KvLayout& l, __nv_bfloat16* pool, int64_t
 
 }  // namespace
 
-absl::Status DeviceKvPool::Move(int32_t page, bool to_payload) const {
-  host_page_[0] = page;
-  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dev_page_, host_page_, 4, cudaMemcpyHostToDevice, stream_));
-  RETURN_IF_ERROR(
-      LaunchMove(layout(), pool_, layer_stride_, 1, dev_page_, dev_payloads_, to_payload, stream_));
-  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
-  return absl::OkStatus();
-}
-
 absl::Status DeviceKvPool::EnsureBatchStaging() const {
-  if (batch_staging_ != nullptr) return absl::OkStatus();
+  if (staging_ != nullptr) return absl::OkStatus();
   const size_t slot = PayloadBytes(runtime::PayloadDtype::kBf16);
-  constexpr int kSlots = 2 * kBatchPages;
   uint8_t* staging = nullptr;
+  CUDA_RETURN_IF_ERROR(cudaHostAlloc(reinterpret_cast<void**>(&staging), 2 * kBatchPages * slot,
+                                     cudaHostAllocMapped));
+  staging_ = staging;
   CUDA_RETURN_IF_ERROR(
-      cudaHostAlloc(reinterpret_cast<void**>(&staging), kSlots * slot, cudaHostAllocMapped));
-  batch_staging_ = staging;
-  CUDA_RETURN_IF_ERROR(cudaHostAlloc(reinterpret_cast<void**>(&batch_host_pages_), kSlots * 4,
+      cudaHostGetDevicePointer(reinterpret_cast<void**>(&staging_dev_), staging_, 0));
+  CUDA_RETURN_IF_ERROR(cudaHostAlloc(reinterpret_cast<void**>(&host_batch_), 2 * sizeof(Batch),
                                      cudaHostAllocDefault));
-  CUDA_RETURN_IF_ERROR(cudaMalloc(reinterpret_cast<void**>(&batch_dev_pages_), kSlots * 4));
-  CUDA_RETURN_IF_ERROR(
-      cudaMalloc(reinterpret_cast<void**>(&batch_dev_payloads_), kSlots * sizeof(uint8_t*)));
-  uint8_t* mapped = nullptr;
-  CUDA_RETURN_IF_ERROR(cudaHostGetDevicePointer(reinterpret_cast<void**>(&mapped), staging, 0));
-  std::vector<uint8_t*> slots(kSlots);
-  for (int i = 0; i < kSlots; ++i) slots[i] = mapped + i * slot;
-  CUDA_RETURN_IF_ERROR(cudaMemcpy(batch_dev_payloads_, slots.data(), kSlots * sizeof(uint8_t*),
-                                  cudaMemcpyHostToDevice));
+  CUDA_RETURN_IF_ERROR(cudaMalloc(reinterpret_cast<void**>(&dev_batch_), 2 * sizeof(Batch)));
   for (cudaEvent_t& e : batch_done_) {
     CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   }
   return absl::OkStatus();
 }
 
-uint8_t* DeviceKvPool::BatchSlot(int set, int i) const {
-  return batch_staging_ + (set * kBatchPages + i) * PayloadBytes(runtime::PayloadDtype::kBf16);
+uint8_t* DeviceKvPool::StagingSlot(int set, int i) const {
+  return staging_ + (set * kBatchPages + i) * PayloadBytes(runtime::PayloadDtype::kBf16);
+}
+
+bool DeviceKvPool::BindPayload(int set, int i, runtime::PayloadDtype dtype,
+                               const uint8_t* payload) const {
+  // The kernels move 16-byte vectors; block payloads start 16-aligned in a fetch buffer.
+  const bool aligned = reinterpret_cast<uintptr_t>(payload) % 16 == 0;
+  uint8_t* in_place = dtype == runtime::PayloadDtype::kBf16 && aligned
+                          ? MappedRange(payload, PayloadBytes(runtime::PayloadDtype::kBf16))
+                          : nullptr;
+  const size_t offset = (set * kBatchPages + i) * PayloadBytes(runtime::PayloadDtype::kBf16);
+  host_batch_[set].payloads[i] = in_place != nullptr ? in_place : staging_dev_ + offset;
+  return in_place == nullptr;
 }
 
 absl::Status DeviceKvPool::LaunchBatch(int set, int count, bool to_payload) const {
-  int32_t* host_pages = batch_host_pages_ + set * kBatchPages;
-  int32_t* dev_pages = batch_dev_pages_ + set * kBatchPages;
-  CUDA_RETURN_IF_ERROR(
-      cudaMemcpyAsync(dev_pages, host_pages, count * 4, cudaMemcpyHostToDevice, stream_));
-  RETURN_IF_ERROR(LaunchMove(layout(), pool_, layer_stride_, count, dev_pages,
-                             batch_dev_payloads_ + set * kBatchPages, to_payload, stream_));
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dev_batch_ + set, host_batch_ + set, sizeof(Batch),
+                                       cudaMemcpyHostToDevice, stream_));
+  RETURN_IF_ERROR(LaunchMove(layout(), pool_, layer_stride_, count, dev_batch_[set].pages,
+                             dev_batch_[set].payloads, to_payload, stream_));
   CUDA_RETURN_IF_ERROR(cudaEventRecord(batch_done_[set], stream_));
   return absl::OkStatus();
 }
@@ -176,17 +184,24 @@ absl::Status DeviceKvPool::ImportPages(std::span<const int32_t> pages, runtime::
   RETURN_IF_ERROR(EnsureBatchStaging());
   const int64_t n = static_cast<int64_t>(pages.size());
   int64_t end[2] = {0, 0};  // pages [0, end[set]) are moved once set's event completes
+  std::vector<int64_t> staged;
   for (int64_t start = 0, b = 0; start < n; start += kBatchPages, ++b) {
     const int set = static_cast<int>(b % 2);
-    if (b >= 2) {  // the batch that used these slots two rounds ago has been read
+    if (b >= 2) {  // the batch that used this set two rounds ago has been read
       CUDA_RETURN_IF_ERROR(cudaEventSynchronize(batch_done_[set]));
       *done = end[set];
     }
     const int count = static_cast<int>(std::min<int64_t>(kBatchPages, n - start));
-    ForEachCopy(count, count * static_cast<int64_t>(payloads[start].size()), [&](int64_t i) {
-      ToBf16Payload(dtype, payloads[start + i], BatchSlot(set, static_cast<int>(i)));
-    });
-    for (int i = 0; i < count; ++i) batch_host_pages_[set * kBatchPages + i] = pages[start + i];
+    staged.clear();
+    for (int i = 0; i < count; ++i) {
+      host_batch_[set].pages[i] = pages[start + i];
+      if (BindPayload(set, i, dtype, payloads[start + i].data())) staged.push_back(i);
+    }
+    ForEachCopy(static_cast<int64_t>(staged.size()),
+                static_cast<int64_t>(staged.size() * payloads[start].size()), [&](int64_t k) {
+                  const int i = static_cast<int>(staged[k]);
+                  ToBf16Payload(dtype, payloads[start + i], StagingSlot(set, i));
+                });
     RETURN_IF_ERROR(LaunchBatch(set, count, /*to_payload=*/false));
     end[set] = start + count;
   }
@@ -195,57 +210,64 @@ absl::Status DeviceKvPool::ImportPages(std::span<const int32_t> pages, runtime::
   return absl::OkStatus();
 }
 
-absl::Status DeviceKvPool::ExportPages(std::span<const int32_t> pages, runtime::PayloadDtype dtype,
-                                       std::vector<std::vector<uint8_t>>* payloads,
-                                       int64_t* done) const {
+absl::Status DeviceKvPool::ExportPagesInto(std::span<const int32_t> pages,
+                                           runtime::PayloadDtype dtype,
+                                           std::span<const std::span<uint8_t>> outs,
+                                           int64_t* done) const {
   *done = 0;
-  for (const int32_t page : pages) RETURN_IF_ERROR(CheckPage(page));
+  if (pages.size() != outs.size()) {
+    return absl::InvalidArgumentError("ExportPagesInto: pages and buffers differ in count");
+  }
+  for (size_t i = 0; i < pages.size(); ++i) {
+    RETURN_IF_ERROR(CheckPage(pages[i]));
+    RETURN_IF_ERROR(CheckPayload(dtype, outs[i].size()));
+  }
   std::lock_guard<std::mutex> lock(mu_);
   RETURN_IF_ERROR(EnsureBatchStaging());
   const int64_t n = static_cast<int64_t>(pages.size());
-  const size_t bf16_bytes = PayloadBytes(runtime::PayloadDtype::kBf16);
-  payloads->resize(n);
-  // Batch b + 1 is moved into the other set's slots while the host copies batch b out.
+  const int64_t batches = (n + kBatchPages - 1) / kBatchPages;
+  std::vector<int64_t> staged[2];  // per set: the slots the host copies out after the launch
+  // Batch b + 1 is moved into the other set while the host copies batch b out.
   auto launch = [&](int64_t b) -> absl::Status {
     const int set = static_cast<int>(b % 2);
     const int64_t start = b * kBatchPages;
     const int count = static_cast<int>(std::min<int64_t>(kBatchPages, n - start));
-    for (int i = 0; i < count; ++i) batch_host_pages_[set * kBatchPages + i] = pages[start + i];
+    staged[set].clear();
+    for (int i = 0; i < count; ++i) {
+      host_batch_[set].pages[i] = pages[start + i];
+      if (BindPayload(set, i, dtype, outs[start + i].data())) staged[set].push_back(i);
+    }
     return LaunchBatch(set, count, /*to_payload=*/true);
   };
-  const int64_t batches = (n + kBatchPages - 1) / kBatchPages;
   if (batches > 0) RETURN_IF_ERROR(launch(0));
   for (int64_t b = 0; b < batches; ++b) {
-    if (b + 1 < batches) RETURN_IF_ERROR(launch(b + 1));
     const int set = static_cast<int>(b % 2);
+    if (b + 1 < batches) RETURN_IF_ERROR(launch(b + 1));
     CUDA_RETURN_IF_ERROR(cudaEventSynchronize(batch_done_[set]));
     const int64_t start = b * kBatchPages;
-    const int count = static_cast<int>(std::min<int64_t>(kBatchPages, n - start));
-    ForEachCopy(count, count * static_cast<int64_t>(bf16_bytes), [&](int64_t i) {
-      FromBf16Payload(dtype, BatchSlot(set, static_cast<int>(i)), bf16_bytes,
-                      &(*payloads)[start + i]);
-    });
-    *done = start + count;
+    const std::vector<int64_t>& mine = staged[set];
+    ForEachCopy(static_cast<int64_t>(mine.size()),
+                static_cast<int64_t>(mine.size() * outs[start].size()), [&](int64_t k) {
+                  const int i = static_cast<int>(mine[k]);
+                  FromBf16Payload(dtype, StagingSlot(set, i), outs[start + i]);
+                });
+    *done = std::min<int64_t>(n, start + kBatchPages);
   }
   return absl::OkStatus();
 }
 
-absl::Status DeviceKvPool::ExportPage(int32_t page, runtime::PayloadDtype dtype,
-                                      std::vector<uint8_t>* payload) const {
-  RETURN_IF_ERROR(CheckPage(page));
-  std::lock_guard<std::mutex> lock(mu_);
-  RETURN_IF_ERROR(Move(page, /*to_payload=*/true));
-  FromBf16Payload(dtype, staging_, PayloadBytes(runtime::PayloadDtype::kBf16), payload);
-  return absl::OkStatus();
+absl::Status DeviceKvPool::ExportPageInto(int32_t page, runtime::PayloadDtype dtype,
+                                          std::span<uint8_t> out) const {
+  int64_t done = 0;
+  const std::span<uint8_t> outs[1] = {out};
+  return ExportPagesInto(std::span<const int32_t>(&page, 1), dtype, outs, &done);
 }
 
 absl::Status DeviceKvPool::ImportPage(int32_t page, runtime::PayloadDtype dtype,
                                       std::span<const uint8_t> payload) {
-  RETURN_IF_ERROR(CheckPage(page));
-  RETURN_IF_ERROR(CheckPayload(dtype, payload.size()));
-  std::lock_guard<std::mutex> lock(mu_);
-  ToBf16Payload(dtype, payload, staging_);
-  return Move(page, /*to_payload=*/false);
+  int64_t done = 0;
+  const std::span<const uint8_t> payloads[1] = {payload};
+  return ImportPages(std::span<const int32_t>(&page, 1), dtype, payloads, &done);
 }
 
 absl::Status DeviceKvPool::FillRandom(uint64_t seed) {
