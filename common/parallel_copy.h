@@ -1,7 +1,8 @@
 // Host memory copies spread over a few threads: fn(i) for every i < count, on up to 8 threads
 // when the items add up to megabytes (one thread copies ~6 GB/s on the H200 machines, 8 reach
 // ~17 GB/s), each thread taking a contiguous range of items; below 2 MiB per thread, inline.
-// Used between the CUDA backend's pinned buffers and ordinary host vectors (logits, KV payloads).
+// Used between the CUDA backend's pinned buffers and ordinary host vectors (logits, KV payloads)
+// and by the shm transport for large batches.
 // fn must be safe to call concurrently for different i.
 #pragma once
 

@@ -347,7 +347,7 @@ absl::StatusOr<std::unique_ptr<CacheClient>> CacheClient::Connect(CacheClientOpt
 
 FetchResult CacheClient::Fetch(const Namespace& ns, std::span<const BlockKey> keys,
                                std::span<const uint32_t> tokens, const BlockLayout& layout,
-                               const std::string& request_id) {
+                               const std::string& request_id, const FetchBuffer& fetch_buffer) {
   Impl& im = *impl_;
   FetchResult out;
   bool identity = false;
@@ -431,7 +431,20 @@ FetchResult CacheClient::Fetch(const Namespace& ns, std::span<const BlockKey> ke
   if (readable > 0) {
     std::shared_ptr<const DataPath> path = im.Path();
     const Clock::time_point transfer_start = Clock::now();
-    auto buffer = std::make_shared<std::vector<uint8_t>>(readable * block_bytes);
+    const size_t bytes = readable * block_bytes;
+    std::shared_ptr<HostBuffer> buffer;
+    if (fetch_buffer) {
+      absl::StatusOr<std::shared_ptr<HostBuffer>> given = fetch_buffer(bytes);
+      if (given.ok() && *given != nullptr && (*given)->size() >= bytes) {
+        buffer = *std::move(given);
+      } else {
+        spdlog::warn("cache client: fetch {}: no {}-byte fetch buffer ({}); reading to heap memory",
+                     request_id, bytes,
+                     given.ok() ? std::string("too small") : ToStd(given.status().message()));
+      }
+    }
+    if (buffer == nullptr) buffer = HostBuffer::Allocate(bytes);
+    out.buffer = buffer;
     auto read_all = [&] {
       std::vector<transfer::TransferOp> reads;
       reads.reserve(readable);
@@ -500,9 +513,7 @@ FetchResult CacheClient::Fetch(const Namespace& ns, std::span<const BlockKey> ke
       const v1::BlockLocation& loc = lresp.locations(static_cast<int>(i));
       const HitTier tier =
           FromProtoTier(loc.found_in() != v1::TIER_UNSPECIFIED ? loc.found_in() : loc.tier());
-      out.blocks.push_back(
-          {.tier = tier,
-           .payload = std::vector<uint8_t>(view->payload.begin(), view->payload.end())});
+      out.blocks.push_back({.tier = tier, .payload = view->payload});
       im.metrics.fetched.Labels({std::string(TierLabel(tier))}).Increment();
     }
     im.metrics.bytes.Labels({"read", path->label}).Increment(static_cast<double>(bytes_read));

@@ -5,6 +5,10 @@
 //   ASSIGN_OR_RETURN(auto client, CacheClient::Connect({.address = "127.0.0.1:7400", ...}));
 //   FetchResult hit = client->Fetch(ns, keys, tokens, layout, "req-1");
 //   for (const FetchedBlock& b : hit.blocks) pool.ImportPage(page, kBf16, b.payload);
+//
+// A fetch reads all its blocks into one host buffer (FetchResult::buffer), and each block's
+// payload is a span into it: no copy after the transfer. The caller may supply the buffer
+// (FetchBuffer), e.g. pinned memory of a GPU pool, whose kernels then read the payloads in place.
 //   client->SaveAsync(ns, "tenant", layout, std::move(blocks), "req-1", [](auto r) { ... });
 //
 // What is stored under a key is a whole block in the block format (common/block_format.h):
@@ -40,6 +44,7 @@
 #include "absl/time/time.h"
 #include "common/block_format.h"
 #include "common/block_key.h"
+#include "common/host_buffer.h"
 #include "transfer/transfer_engine.h"
 #include "transfer/transport.h"
 
@@ -70,11 +75,21 @@ enum class HitTier { kGpu, kDram, kSsd };
 
 struct FetchedBlock {
   HitTier tier = HitTier::kDram;
-  std::vector<uint8_t> payload;  // the verified payload only (no header, no tokens)
+  // The verified payload only (no header, no tokens), inside FetchResult::buffer; 16-byte
+  // aligned when the buffer is.
+  std::span<const uint8_t> payload;
 };
 
+// Gives Fetch a buffer of at least `bytes` for one fetch (whole blocks, one after another). The
+// fetch holds it until every transfer into it has ended, which may be after Fetch returns when a
+// transfer timed out: reuse a buffer only when nothing else holds it (use_count() == 1). An
+// error, or a buffer that is too small, makes the fetch use heap memory instead.
+using FetchBuffer = std::function<absl::StatusOr<std::shared_ptr<HostBuffer>>(size_t bytes)>;
+
 struct FetchResult {
-  int64_t hit_blocks = 0;            // what Lookup reported present (a prefix of the keys)
+  int64_t hit_blocks = 0;  // what Lookup reported present (a prefix of the keys)
+  // Where the blocks were read to (null when nothing was read); blocks[i].payload points into it.
+  std::shared_ptr<HostBuffer> buffer;
   std::vector<FetchedBlock> blocks;  // verified, in key order: blocks.size() <= hit_blocks
   // Why blocks.size() < hit_blocks (OK when equal). Also set when the Lookup itself failed
   // (hit_blocks 0: Unavailable / DeadlineExceeded) or the arguments were bad (InvalidArgument).
@@ -117,10 +132,11 @@ class CacheClient {
   // Looks up `keys` (a chain: keys[i] is the parent of keys[i+1]), reads the longest present
   // prefix under a read lease and verifies each block against its key and its tokens
   // (`tokens` holds keys.size() · layout.block_tokens ids, block i at i·B). Stops at the first
-  // block that cannot be read or verified.
+  // block that cannot be read or verified. `buffer`, when set, provides the host memory the
+  // blocks are read into.
   FetchResult Fetch(const Namespace& ns, std::span<const BlockKey> keys,
                     std::span<const uint32_t> tokens, const BlockLayout& layout,
-                    const std::string& request_id);
+                    const std::string& request_id, const FetchBuffer& buffer = {});
 
   // Reserve → write every block (encoded with its header and tokens) → Commit. Blocks must form
   // a chain in order (each one's parent is the previous one's key, or the stated parent for the

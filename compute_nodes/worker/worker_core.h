@@ -34,6 +34,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/host_buffer.h"
 #include "compute_nodes/runtime/engine.h"
 #include "compute_nodes/worker/cache_directory.h"
 #include "compute_nodes/worker/request.h"
@@ -46,6 +48,10 @@ struct WorkerCoreOptions {
   int64_t max_running = 64;      // sequences holding pages (loading, prefilling, decoding)
   int64_t max_queued = 1024;     // waiting requests beyond this are refused (ResourceExhausted)
   int64_t max_fetch_blocks = 0;  // 0: no limit on the cached prefix fetched per request
+  // Upper bound of the loader's fetch buffer, kept and reused across fetches: the KV pool's host
+  // memory (KvPool::AllocateHostBuffer: pinned with the CUDA backend, so the import kernels read
+  // the fetched payloads in place). A larger fetch reads to heap memory; 0 always does.
+  int64_t load_buffer_bytes = int64_t{1} << 30;
 };
 
 // Counters since start (also exported as Prometheus metrics).
@@ -100,6 +106,8 @@ class WorkerCore {
   void AfterPrefill(const SeqPtr& seq, const std::vector<float>& logits);
   void AfterDecode(const SeqPtr& seq, const runtime::SequenceOutput& out);
   int64_t PagesFor(int64_t tokens) const;
+  // The loader's fetch buffer for `bytes` (load_buffer_, grown or replaced when needed).
+  absl::StatusOr<std::shared_ptr<HostBuffer>> LoadBuffer(size_t bytes);
   // Recomputes load_ (and the gauges) from the queues and the pool. Loop thread, mu_ held.
   void RefreshLoadLocked(size_t decode_batch);
 
@@ -125,6 +133,9 @@ class WorkerCore {
   WorkerStats stats_;                    // guarded by mu_
   double prefill_ms_per_token_ = 0;      // EWMA, loop thread
   double decode_step_ms_ = 0;            // EWMA, loop thread
+
+  std::shared_ptr<HostBuffer> load_buffer_;  // loader thread only
+  bool load_buffer_failed_ = false;          // loader thread only: pinning failed once
 
   std::thread loop_;
   std::thread loader_;

@@ -40,7 +40,7 @@ void WorkerCore::LoaderLoop() {
           AsU32(std::span<const int32_t>(seq->tokens).subspan(0, n * block_tokens_));
       cache_client::FetchResult r =
           client->Fetch(seq->spec.ns, std::span<const BlockKey>(seq->keys).subspan(0, n), tokens,
-                        layout, seq->spec.id);
+                        layout, seq->spec.id, [this](size_t bytes) { return LoadBuffer(bytes); });
       // Every fetched block into its page in one batched move (host copies overlap the
       // transfers); on an error, the pages before `imported` hold their blocks.
       std::vector<std::span<const uint8_t>> payloads;
@@ -96,6 +96,28 @@ void WorkerCore::LoaderLoop() {
     loaded_.push_back(seq);
     cv_.notify_all();
   }
+}
+
+absl::StatusOr<std::shared_ptr<HostBuffer>> WorkerCore::LoadBuffer(size_t bytes) {
+  if (static_cast<int64_t>(bytes) > options_.load_buffer_bytes || load_buffer_failed_) {
+    return HostBuffer::Allocate(bytes);
+  }
+  // A buffer that a timed-out transfer still holds is left to it; pinning is slow, so the
+  // buffer grows at least 2x at a time.
+  if (load_buffer_ == nullptr || load_buffer_.use_count() > 1 || load_buffer_->size() < bytes) {
+    const size_t grown = load_buffer_ == nullptr ? 0 : 2 * load_buffer_->size();
+    const size_t want = std::min<size_t>(std::max(bytes, grown), options_.load_buffer_bytes);
+    load_buffer_.reset();
+    absl::StatusOr<std::shared_ptr<HostBuffer>> b = engine_.kv_pool().AllocateHostBuffer(want);
+    if (!b.ok()) {
+      load_buffer_failed_ = true;
+      spdlog::warn("worker: no {}-byte load buffer from the KV pool ({}); fetching to heap memory",
+                   want, b.status().ToString());
+      return HostBuffer::Allocate(bytes);
+    }
+    load_buffer_ = *std::move(b);
+  }
+  return load_buffer_;
 }
 
 void WorkerCore::CollectLoaded() {

@@ -9,6 +9,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "common/checksum.h"
+#include "common/parallel_copy.h"
 #include "common/status.h"
 #include "common/strings.h"
 #include "spdlog/spdlog.h"
@@ -43,7 +44,10 @@ class ShmChannel : public Channel {
         timeout_(timeout) {}
 
   void Submit(std::vector<TransferRequest> requests, CompletionFn done) override {
-    for (size_t i = 0; i < requests.size(); ++i) done(i, Execute(requests[i]));
+    int64_t bytes = 0;
+    for (const TransferRequest& r : requests) bytes += static_cast<int64_t>(r.length);
+    ForEachCopy(static_cast<int64_t>(requests.size()), bytes,
+                [&](int64_t i) { done(static_cast<size_t>(i), Execute(requests[i])); });
   }
 
   void Close() override {

@@ -3,8 +3,9 @@
 // Client side: the first request for a segment opens the owner's unix socket (Endpoint.address),
 // authenticates with the cluster secret, asks for the segment by name and receives its memfd
 // over SCM_RIGHTS; the channel mmaps it (MAP_SHARED) and keeps the mapping until Close() or
-// Disconnect(). A read is a memcpy out of the mapping, a write a memcpy into it, done in the
-// submitting thread: Submit() completes every request before it returns.
+// Disconnect(). A read is a memcpy out of the mapping, a write a memcpy into it, done by the
+// submitting thread, or spread over up to 8 threads (ForEachCopy: whole requests per thread)
+// when a batch adds up to several MiB; Submit() completes every request before it returns.
 //
 // Enforcement is on the mapping side: the owner hands out mappings only to peers that hold the
 // cluster secret, and the channel checks each request's capability (VerifyCapability with the

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 #include <thread>
 
 #include "cache_service/cache_server.h"
@@ -148,11 +149,10 @@ class CacheClientTest : public ::testing::Test {
   std::unique_ptr<cache::CacheServer> server_;
 };
 
-void ExpectPayloads(const FetchResult& r, const Chain& c, size_t n,
-                    HitTier tier = HitTier::kDram) {
+void ExpectPayloads(const FetchResult& r, const Chain& c, size_t n, HitTier tier = HitTier::kDram) {
   ASSERT_EQ(r.blocks.size(), n);
   for (size_t i = 0; i < n; ++i) {
-    EXPECT_EQ(r.blocks[i].payload, c.blocks[i].payload) << "block " << i;
+    EXPECT_TRUE(std::ranges::equal(r.blocks[i].payload, c.blocks[i].payload)) << "block " << i;
     EXPECT_EQ(r.blocks[i].tier, tier);
   }
 }
@@ -180,6 +180,51 @@ TEST_F(CacheClientTest, SaveThenFetchRoundTripsOverTcpAndShm) {
     EXPECT_TRUE(r.first_failure.ok()) << r.first_failure;
     ExpectPayloads(r, c, 4);
     EXPECT_EQ(ActiveLeases(), 0u) << "the read lease outlived Fetch";
+  }
+}
+
+TEST_F(CacheClientTest, FetchReadsIntoTheCallersBuffer) {
+  for (const TransportKind kind : {TransportKind::kTcp, TransportKind::kShm}) {
+    SCOPED_TRACE(std::string(transfer::TransportKindName(kind)));
+    auto client = Connect(Options(kind));
+    ASSERT_NE(client, nullptr);
+    const Namespace ns = Ns(std::string("buf-") + std::string(transfer::TransportKindName(kind)));
+    const Chain c = MakeChain(ns, 3, 31);
+    ASSERT_TRUE(client->Save(ns, "t", Layout(), c.blocks, "req").ok());
+
+    std::shared_ptr<HostBuffer> given;
+    size_t asked = 0;
+    const FetchResult r =
+        client->Fetch(ns, c.keys, c.tokens, Layout(), "req",
+                      [&](size_t bytes) -> absl::StatusOr<std::shared_ptr<HostBuffer>> {
+                        asked = bytes;
+                        given = HostBuffer::Allocate(bytes + 4096);
+                        return given;
+                      });
+    ExpectPayloads(r, c, 3);
+    EXPECT_EQ(asked, 3 * Layout().TotalBytes());
+    EXPECT_EQ(r.buffer, given);
+    for (const FetchedBlock& b : r.blocks) {
+      EXPECT_GE(b.payload.data(), given->data());
+      EXPECT_LE(b.payload.data() + b.payload.size(), given->data() + asked);
+    }
+
+    // A provider that fails, or gives too little, leaves the fetch on heap memory.
+    for (const bool fails : {true, false}) {
+      std::shared_ptr<HostBuffer> small;
+      const FetchResult h =
+          client->Fetch(ns, c.keys, c.tokens, Layout(), "req",
+                        [&](size_t bytes) -> absl::StatusOr<std::shared_ptr<HostBuffer>> {
+                          if (fails) return absl::ResourceExhaustedError("no pinned memory");
+                          small = HostBuffer::Allocate(bytes - 1);
+                          return small;
+                        });
+      ExpectPayloads(h, c, 3);
+      ASSERT_NE(h.buffer, nullptr);
+      EXPECT_NE(h.buffer, small);
+      EXPECT_GE(h.buffer->size(), 3 * Layout().TotalBytes());
+    }
+    EXPECT_EQ(ActiveLeases(), 0u);
   }
 }
 
@@ -462,8 +507,9 @@ TEST_F(CacheClientTest, AClientFindsARestartedServerAgain) {
       absl::StatusOr<SaveResult> saved = client->Save(ns, "t", Layout(), c.blocks, "req");
       if (saved.ok() && saved->stored + saved->present == 2) {
         const FetchResult r = FetchChain(*client, ns, c);
-        round_trip = r.blocks.size() == 2 && r.blocks[0].payload == c.blocks[0].payload &&
-                     r.blocks[1].payload == c.blocks[1].payload;
+        round_trip = r.blocks.size() == 2 &&
+                     std::ranges::equal(r.blocks[0].payload, c.blocks[0].payload) &&
+                     std::ranges::equal(r.blocks[1].payload, c.blocks[1].payload);
       }
       if (!round_trip) std::this_thread::sleep_for(std::chrono::milliseconds(300));
     }
