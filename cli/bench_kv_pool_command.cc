@@ -1,18 +1,30 @@
-// strata bench kv-pool: moving cache blocks between host payloads and the CUDA backend's KV pages,
-// one page per call (KvPool::ImportPage / ExportPage) against the batched moves (ImportPages /
-// ExportPages), side by side.
+// strata bench kv-pool: moving cache blocks between host payloads and the CUDA backend's KV pages.
 //
 //   strata bench kv-pool [--preset v2-lite-shape] [--pages 64] [--repeats 5] [--json PATH]
+//                        [--through-cache 1] [--pool cuda|host]
 //
 // The pool has the preset's layout (every layer of a page: a block payload of layers x 64 tokens x
-// 576 bf16, 2.0 MB for v2-lite-shape, 4.5 MB for v3 with 61 layers); the payloads are ordinary
-// (pageable) host vectors, as the cache client returns them. GB/s = payload bytes / wall time of
-// the call that moves all --pages (median of --repeats). JSON ratios: kv_pool_import_batched_vs_
-// per_page, kv_pool_export_batched_vs_per_page.
+// 576 bf16, 2.0 MB for v2-lite-shape, 4.5 MB for v3 with 61 layers). Side by side, in one run:
+//   - per page (KvPool::ImportPage / ExportPage) and batched (ImportPages / ExportPages), with
+//     the payloads in ordinary (pageable) host vectors: the kernels read pinned staging slots
+//     that the host fills;
+//   - batched with the payloads in the pool's pinned host buffer (AllocateHostBuffer): the
+//     kernels read and write them in place;
+//   - through the cache (--through-cache): an in-process cache server (DRAM tier, shm on this
+//     host) holds the pages as blocks; a load is CacheClient::Fetch (lookup, read, verify) plus
+//     ImportPages, first into a fresh heap buffer per fetch, then into one reused pinned buffer
+//     (what the worker's loader does).
+// --pool host times the CPU backend's HostKvPool instead (its "pinned" buffer is heap memory):
+// the same code path without a GPU, for CI. GB/s = payload bytes / wall time of the call(s) that
+// move all --pages (median of --repeats). JSON ratios: kv_pool_{import,export}_batched_vs_per_page,
+// kv_pool_{import,export}_pinned_vs_ batched, kv_load_through_cache_pinned_vs_heap.
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -21,18 +33,30 @@
 #include <span>
 #include <vector>
 
+#include "cache_service/cache_server.h"
 #include "cli/commands.h"
+#include "common/block_format.h"
+#include "common/block_key.h"
 #include "common/strings.h"
+#if STRATA_WITH_CUDA
 #include "compute_nodes/backend/cuda/device_kv_pool.h"
+#endif
+#include "compute_nodes/cache_client/cache_client.h"
 #include "compute_nodes/model/make_random.h"
+#include "compute_nodes/runtime/kv_pool.h"
 
 namespace strata::cli {
 namespace {
 
 struct Args {
-  std::string preset = "v2-lite-shape", json;
+  std::string preset = "v2-lite-shape", json, pool = "cuda";
   int64_t pages = 64, repeats = 5;
+  bool through_cache = true;
 };
+
+void Check(const absl::Status& st) {
+  if (!st.ok()) Fail(1, StrCat("bench kv-pool: ", st.ToString()));
+}
 
 template <typename Fn>
 double MedianSeconds(int64_t repeats, const Fn& fn) {
@@ -47,15 +71,123 @@ double MedianSeconds(int64_t repeats, const Fn& fn) {
   return s[s.size() / 2];
 }
 
+// Seconds (medians) of a whole cached-prefix load through an in-process cache server.
+struct ThroughCache {
+  double fetch_heap = 0, load_heap = 0, fetch_pinned = 0, load_pinned = 0;
+};
+
+ThroughCache LoadThroughCache(const Args& a, runtime::KvPool& p, std::span<const int32_t> pages,
+                              const std::vector<std::vector<uint8_t>>& payloads) {
+  const runtime::KvLayout& l = p.layout();
+  KvFormat format;
+  format.block_tokens = static_cast<uint32_t>(l.block_tokens);
+  const BlockLayout layout =
+      MakeBlockLayout(format, static_cast<uint32_t>(l.num_layers),
+                      static_cast<uint32_t>(l.latent_dim), static_cast<uint32_t>(l.rope_dim));
+  const std::string work =
+      StrCat(std::filesystem::temp_directory_path().string(), "/strata-bench-kv-pool-", getpid());
+  std::filesystem::create_directories(work);
+  const uint64_t slot = (layout.TotalBytes() + 4095) / 4096 * 4096;
+  cache::CacheServerOptions so;
+  so.store.data_dir = work + "/cache";
+  so.store.slot_bytes = slot;
+  so.store.dram_capacity_bytes = (a.pages + 8) * slot;
+  so.host_id = "bench-kv-pool";
+  so.http_listen = "";
+  so.cluster_secret = "bench";
+  so.transfer_listen = "127.0.0.1:0";
+  so.shm_socket_path = work + "/shm.sock";
+  cache::CacheServer server(so);
+  Check(server.Start());
+  auto client =
+      cache_client::CacheClient::Connect({.address = StrCat("127.0.0.1:", server.grpc_port()),
+                                          .client_id = "bench-kv-pool",
+                                          .host_id = "bench-kv-pool",
+                                          .cluster_secret = "bench",
+                                          .force_transport = transfer::TransportKind::kShm});
+  if (!client.ok()) Fail(1, StrCat("bench kv-pool: ", client.status().ToString()));
+
+  Namespace ns;
+  ns.bytes.fill(0x5a);
+  std::vector<uint32_t> tokens(a.pages * l.block_tokens);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint32_t>(i * 7 + 3);
+  const std::vector<BlockKey> keys = ComputeBlockKeys(ns, tokens, format.block_tokens);
+  std::vector<cache_client::BlockToSave> blocks;
+  for (int64_t i = 0; i < a.pages; ++i) {
+    blocks.push_back({.key = keys[i],
+                      .parent = i > 0 ? keys[i - 1] : BlockKey{},
+                      .tokens = std::vector<uint32_t>(tokens.begin() + i * l.block_tokens,
+                                                      tokens.begin() + (i + 1) * l.block_tokens),
+                      .payload = payloads[i]});
+  }
+  auto saved = (*client)->Save(ns, "bench", layout, std::move(blocks), "bench-save");
+  if (!saved.ok() || saved->stored != a.pages) {
+    Fail(1, StrCat("bench kv-pool: saving the blocks: ",
+                   saved.ok() ? saved->first_error.ToString() : saved.status().ToString()));
+  }
+  std::shared_ptr<HostBuffer> reused;
+  const cache_client::FetchBuffer pinned = [&](size_t bytes) {
+    if (reused == nullptr || reused.use_count() > 1 || reused->size() < bytes) {
+      auto b = p.AllocateHostBuffer(bytes);
+      if (!b.ok()) return b;
+      reused = *b;
+    }
+    return absl::StatusOr<std::shared_ptr<HostBuffer>>(reused);
+  };
+  ThroughCache t;
+  auto load = [&](const cache_client::FetchBuffer& buffer, double* fetch_s, double* load_s) {
+    std::vector<double> fetch;
+    *load_s = MedianSeconds(a.repeats, [&] {
+      const auto t0 = std::chrono::steady_clock::now();
+      cache_client::FetchResult r = (*client)->Fetch(ns, keys, tokens, layout, "bench", buffer);
+      fetch.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+      if (static_cast<int64_t>(r.blocks.size()) != a.pages) {
+        Fail(1, StrCat("bench kv-pool: fetched ", r.blocks.size(), " of ", a.pages,
+                       " blocks: ", r.first_failure.ToString()));
+      }
+      std::vector<std::span<const uint8_t>> in;
+      for (const cache_client::FetchedBlock& b : r.blocks) in.push_back(b.payload);
+      int64_t done = 0;
+      Check(p.ImportPages(pages, runtime::PayloadDtype::kBf16, in, &done));
+    });
+    fetch.erase(fetch.begin());  // the warm-up
+    std::sort(fetch.begin(), fetch.end());
+    *fetch_s = fetch[fetch.size() / 2];
+  };
+  load({}, &t.fetch_heap, &t.load_heap);
+  load(pinned, &t.fetch_pinned, &t.load_pinned);
+  std::vector<std::vector<uint8_t>> back;
+  int64_t done = 0;
+  Check(p.ExportPages(pages, runtime::PayloadDtype::kBf16, &back, &done));
+  for (int64_t i = 0; i < a.pages; ++i) {
+    if (back[i] != payloads[i]) Fail(1, StrCat("bench kv-pool: page ", i, " loaded wrong"));
+  }
+  std::error_code ec;
+  std::filesystem::remove_all(work, ec);
+  return t;
+}
+
 void Run(const Args& a) {
   if (a.pages <= 0 || a.repeats <= 0) Fail(2, "bench kv-pool: --pages and --repeats must be > 0");
   auto config = model::PresetConfig(a.preset);
   if (!config.ok()) Fail(2, StrCat("bench kv-pool: ", config.status().message()));
   const runtime::KvLayout layout{config->num_hidden_layers, 64, config->kv_lora_rank,
                                  config->qk_rope_head_dim};
-  auto pool = cuda::DeviceKvPool::Create(layout, a.pages);
-  if (!pool.ok()) Fail(1, StrCat("bench kv-pool: ", pool.status().ToString()));
-  runtime::KvPool& p = **pool;
+  std::unique_ptr<runtime::KvPool> pool;
+  if (a.pool == "host") {
+    pool = std::make_unique<runtime::HostKvPool>(layout, a.pages, runtime::KvPrecision::kBf16);
+  } else if (a.pool == "cuda") {
+#if STRATA_WITH_CUDA
+    auto made = cuda::DeviceKvPool::Create(layout, a.pages);
+    if (!made.ok()) Fail(1, StrCat("bench kv-pool: ", made.status().ToString()));
+    pool = *std::move(made);
+#else
+    Fail(2, "bench kv-pool: this build has no CUDA; use --pool host");
+#endif
+  } else {
+    Fail(2, StrCat("bench kv-pool: --pool is cuda or host, not ", a.pool));
+  }
+  runtime::KvPool& p = *pool;
   std::vector<int32_t> pages;
   for (int64_t i = 0; i < a.pages; ++i) pages.push_back(*p.Allocate());
   std::shuffle(pages.begin(), pages.end(), std::mt19937(1));
@@ -66,9 +198,7 @@ void Run(const Args& a) {
     for (size_t i = 0; i < bytes; i += 2) v[i] = static_cast<uint8_t>(rng());  // finite bf16
   }
   std::vector<std::span<const uint8_t>> spans(payloads.begin(), payloads.end());
-  auto check = [](const absl::Status& st) {
-    if (!st.ok()) Fail(1, StrCat("bench kv-pool: ", st.ToString()));
-  };
+  auto check = Check;
   const double total = static_cast<double>(bytes) * a.pages;
   const double import_one = MedianSeconds(a.repeats, [&] {
     for (int64_t i = 0; i < a.pages; ++i) {
@@ -92,26 +222,73 @@ void Run(const Args& a) {
   for (int64_t i = 0; i < a.pages; ++i) {
     if (out[i] != payloads[i]) Fail(1, StrCat("bench kv-pool: page ", i, " did not round-trip"));
   }
+
+  // The same payloads in the pool's pinned buffer.
+  auto pinned = p.AllocateHostBuffer(bytes * a.pages);
+  if (!pinned.ok()) Fail(1, StrCat("bench kv-pool: ", pinned.status().ToString()));
+  std::vector<std::span<const uint8_t>> pinned_in;
+  std::vector<std::span<uint8_t>> pinned_out;
+  for (int64_t i = 0; i < a.pages; ++i) {
+    uint8_t* at = (*pinned)->data() + i * bytes;
+    std::memcpy(at, payloads[i].data(), bytes);
+    pinned_in.emplace_back(at, bytes);
+    pinned_out.emplace_back(at, bytes);
+  }
+  const double import_pinned = MedianSeconds(a.repeats, [&] {
+    int64_t done = 0;
+    check(p.ImportPages(pages, runtime::PayloadDtype::kBf16, pinned_in, &done));
+  });
+  std::memset((*pinned)->data(), 0, (*pinned)->size());
+  const double export_pinned = MedianSeconds(a.repeats, [&] {
+    int64_t done = 0;
+    check(p.ExportPagesInto(pages, runtime::PayloadDtype::kBf16, pinned_out, &done));
+  });
+  for (int64_t i = 0; i < a.pages; ++i) {
+    if (!std::equal(payloads[i].begin(), payloads[i].end(), pinned_out[i].begin())) {
+      Fail(1, StrCat("bench kv-pool: page ", i, " did not round-trip through the pinned buffer"));
+    }
+  }
+  const ThroughCache cached =
+      a.through_cache ? LoadThroughCache(a, p, pages, payloads) : ThroughCache{};
+
   std::cout << fmt::format(
-      "bench kv-pool: {} ({} layers), {} pages of {:.2f} MB (bf16 payloads, pageable host memory)\n"
-      "  import: per page {:.2f} GB/s, batched {:.2f} GB/s ({:.2f}x)\n"
-      "  export: per page {:.2f} GB/s, batched {:.2f} GB/s ({:.2f}x)\n",
-      a.preset, layout.num_layers, a.pages, bytes / 1e6, total / import_one / 1e9,
-      total / import_batched / 1e9, import_one / import_batched, total / export_one / 1e9,
-      total / export_batched / 1e9, export_one / export_batched);
+      "bench kv-pool: {} pool, {} ({} layers), {} pages of {:.2f} MB (bf16 payloads)\n"
+      "  import: per page {:.2f} GB/s, batched {:.2f} GB/s ({:.2f}x), pinned {:.2f} GB/s "
+      "({:.2f}x)\n"
+      "  export: per page {:.2f} GB/s, batched {:.2f} GB/s ({:.2f}x), pinned {:.2f} GB/s "
+      "({:.2f}x)\n",
+      a.pool, a.preset, layout.num_layers, a.pages, bytes / 1e6, total / import_one / 1e9,
+      total / import_batched / 1e9, import_one / import_batched, total / import_pinned / 1e9,
+      import_batched / import_pinned, total / export_one / 1e9, total / export_batched / 1e9,
+      export_one / export_batched, total / export_pinned / 1e9, export_batched / export_pinned);
+  if (a.through_cache) {
+    std::cout << fmt::format(
+        "  load through the cache (shm, fetch + verify + import): heap buffer {:.2f} GB/s "
+        "(fetch alone {:.2f}), pinned buffer {:.2f} GB/s (fetch alone {:.2f}): {:.2f}x\n",
+        total / cached.load_heap / 1e9, total / cached.fetch_heap / 1e9,
+        total / cached.load_pinned / 1e9, total / cached.fetch_pinned / 1e9,
+        cached.load_heap / cached.load_pinned);
+  }
   if (!a.json.empty()) {
-    nlohmann::json report = {
-        {"preset", a.preset},
-        {"pages", a.pages},
-        {"page_bytes", bytes},
-        {"gbps",
-         {{"import_per_page", total / import_one / 1e9},
-          {"import_batched", total / import_batched / 1e9},
-          {"export_per_page", total / export_one / 1e9},
-          {"export_batched", total / export_batched / 1e9}}},
-        {"ratios",
-         {{"kv_pool_import_batched_vs_per_page", import_one / import_batched},
-          {"kv_pool_export_batched_vs_per_page", export_one / export_batched}}}};
+    nlohmann::json gbps = {{"import_per_page", total / import_one / 1e9},
+                           {"import_batched", total / import_batched / 1e9},
+                           {"import_pinned", total / import_pinned / 1e9},
+                           {"export_per_page", total / export_one / 1e9},
+                           {"export_batched", total / export_batched / 1e9},
+                           {"export_pinned", total / export_pinned / 1e9}};
+    nlohmann::json ratios = {{"kv_pool_import_batched_vs_per_page", import_one / import_batched},
+                             {"kv_pool_export_batched_vs_per_page", export_one / export_batched},
+                             {"kv_pool_import_pinned_vs_batched", import_batched / import_pinned},
+                             {"kv_pool_export_pinned_vs_batched", export_batched / export_pinned}};
+    if (a.through_cache) {
+      gbps["load_through_cache_heap"] = total / cached.load_heap / 1e9;
+      gbps["load_through_cache_pinned"] = total / cached.load_pinned / 1e9;
+      gbps["fetch_heap"] = total / cached.fetch_heap / 1e9;
+      gbps["fetch_pinned"] = total / cached.fetch_pinned / 1e9;
+      ratios["kv_load_through_cache_pinned_vs_heap"] = cached.load_heap / cached.load_pinned;
+    }
+    nlohmann::json report = {{"pool", a.pool},      {"preset", a.preset}, {"pages", a.pages},
+                             {"page_bytes", bytes}, {"gbps", gbps},       {"ratios", ratios}};
     std::ofstream f(a.json);
     f << report.dump(2) << "\n";
     if (!f) Fail(1, StrCat("bench kv-pool: cannot write ", a.json));
@@ -123,12 +300,18 @@ void Run(const Args& a) {
 void RegisterBenchKvPoolCommand(CLI::App& app) {
   auto a = std::make_shared<Args>();
   CLI::App* cmd = BenchGroup(app).add_subcommand(
-      "kv-pool", "Time block payloads into / out of the CUDA KV pages, per page and batched");
+      "kv-pool",
+      "Time block payloads into / out of KV pages: per page, batched, pinned, through the cache");
   cmd->add_option("--preset", a->preset, "Model preset whose KV layout the pool takes")
       ->default_val("v2-lite-shape");
   cmd->add_option("--pages", a->pages, "Pages moved per call")->default_val(64);
   cmd->add_option("--repeats", a->repeats, "Timed calls (median)")->default_val(5);
   cmd->add_option("--json", a->json, "Write the figures as JSON to this file");
+  cmd->add_option("--pool", a->pool, "cuda: the CUDA backend's pool; host: the CPU backend's")
+      ->default_val("cuda");
+  cmd->add_option("--through-cache", a->through_cache,
+                  "Also time loads through an in-process cache server (shm)")
+      ->default_val(true);
   cmd->callback([a] { Run(*a); });
 }
 

@@ -53,7 +53,7 @@ void RegisterTokenizeCommand(CLI::App& app);
 void RegisterBenchKernelsCommand(CLI::App& app);
 // strata bench decode (whole-model decode steps on the CUDA backend; STRATA_WITH_CUDA only)
 void RegisterBenchDecodeCommand(CLI::App& app);
-// strata bench kv-pool (block payloads <-> CUDA KV pages; STRATA_WITH_CUDA only)
+// strata bench kv-pool (block payloads <-> KV pages of the CUDA or the host pool)
 void RegisterBenchKvPoolCommand(CLI::App& app);
 // strata bench prefill (whole-model prefill MFU; cuda or cpu)
 void RegisterBenchPrefillCommand(CLI::App& app);

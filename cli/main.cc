@@ -33,10 +33,10 @@ int main(int argc, char** argv) {
   strata::cli::RegisterBenchStoreCommand(app);
   strata::cli::RegisterBenchWorkerCommand(app);
   strata::cli::RegisterBenchPrefillCommand(app);
+  strata::cli::RegisterBenchKvPoolCommand(app);
 #if STRATA_WITH_CUDA
   strata::cli::RegisterBenchKernelsCommand(app);
   strata::cli::RegisterBenchDecodeCommand(app);
-  strata::cli::RegisterBenchKvPoolCommand(app);
 #endif
 
   CLI11_PARSE(app, argc, argv);

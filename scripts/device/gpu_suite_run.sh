@@ -28,6 +28,13 @@ echo "bench transfer rc=$? at $(( $(date +%s) - start )) s"
 python3 -c "import json; d=json.load(open('$OUT/bench_transfer.json')); print(d['ratios']); print(d.get('baselines', {}).get('cuda_memcpy_pinned'))" 2>/dev/null \
   || tail -5 $OUT/bench_transfer.log
 
+# Block payloads <-> KV pages: per page, batched, in the pool's pinned buffer, and loads through
+# an in-process cache server (shm), side by side.
+timeout 90 ./strata bench kv-pool --preset v2-lite-shape --pages 64 \
+  --json $OUT/bench_kv_pool.json > $OUT/bench_kv_pool.log 2>&1
+echo "bench kv-pool rc=$? at $(( $(date +%s) - start )) s"
+grep -E "import|export|load" $OUT/bench_kv_pool.log
+
 # A cuda worker daemon serving a generate call; its tokens against the cpu backend's.
 m=/tmp/gpu-suite-model
 ./strata model make-random --preset small-v3 --out $m > $OUT/make_random.log 2>&1
