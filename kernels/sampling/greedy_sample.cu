@@ -1,5 +1,11 @@
-// Greedy sampling: one block per row; each thread keeps its first maximum over a strided scan,
-// then a warp and a block reduction take the larger value, ties to the lower index.
+// Greedy sampling: a cluster of up to 8 blocks per row (as many as the rows leave SMs for), each
+// over its own slice; each thread keeps its first maximum over a strided scan (16-byte loads when
+// the row allows), a warp and a block reduction take the larger value, ties to the lower index,
+// and rank 0 merges the blocks' answers through distributed shared memory in rank (= index)
+// order. One 512-thread block per row took ~17 us for a 102400-token row at batch 1.
+#include <cooperative_groups.h>
+
+#include <algorithm>
 #include <string>
 
 #include "kernels/sampling/greedy_sample.h"
@@ -7,7 +13,11 @@
 namespace strata::kernels {
 namespace {
 
+namespace cg = cooperative_groups;
+
 constexpr int kThreads = 512;
+constexpr int kMaxCluster = 8;
+constexpr int kMinSlice = 8192;  // elements per block worth a block of its own
 
 __device__ __forceinline__ void Take(float& v, int& i, float w, int j) {
   if (w > v || (w == v && j < i)) {
@@ -16,13 +26,29 @@ __device__ __forceinline__ void Take(float& v, int& i, float w, int j) {
   }
 }
 
-__global__ void __launch_bounds__(kThreads) GreedySampleKernel(GreedySampleParams p) {
+// Blocks of one row: `per` elements (a multiple of 4) each.
+__global__ void __launch_bounds__(kThreads) GreedySampleKernel(GreedySampleParams p, int per) {
   __shared__ float s_v[kThreads / 32];
   __shared__ int s_i[kThreads / 32];
-  const float* row = p.logits + static_cast<int64_t>(blockIdx.x) * p.ld_logits;
+  __shared__ float block_v;
+  __shared__ int block_i;
+  cg::cluster_group cluster = cg::this_cluster();
+  const unsigned rank = cluster.block_rank(), ranks = cluster.num_blocks();
+  const int r = blockIdx.x / ranks;
+  const float* row = p.logits + static_cast<int64_t>(r) * p.ld_logits;
+  const int lo = min(p.vocab, static_cast<int>(rank) * per), hi = min(p.vocab, lo + per);
   float v = -INFINITY;
   int i = 0x7fffffff;
-  for (int j = threadIdx.x; j < p.vocab; j += kThreads) Take(v, i, row[j], j);
+  const bool vec = reinterpret_cast<uintptr_t>(row + lo) % 16 == 0;
+  const int whole = vec ? lo + (hi - lo) / 4 * 4 : lo;
+  for (int j = lo + 4 * threadIdx.x; j < whole; j += 4 * kThreads) {
+    const float4 q = *reinterpret_cast<const float4*>(row + j);
+    Take(v, i, q.x, j);
+    Take(v, i, q.y, j + 1);
+    Take(v, i, q.z, j + 2);
+    Take(v, i, q.w, j + 3);
+  }
+  for (int j = whole + threadIdx.x; j < hi; j += kThreads) Take(v, i, row[j], j);
   for (int o = 16; o > 0; o >>= 1) {
     Take(v, i, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, i, o));
   }
@@ -38,9 +64,22 @@ __global__ void __launch_bounds__(kThreads) GreedySampleKernel(GreedySampleParam
     for (int o = 16; o > 0; o >>= 1) {
       Take(v, i, __shfl_xor_sync(0xffffffffu, v, o), __shfl_xor_sync(0xffffffffu, i, o));
     }
-    // A row of only -inf (or NaN) keeps no candidate: answer 0, as std::max_element would.
-    if (lane == 0) p.tokens[blockIdx.x] = i < p.vocab ? i : 0;
+    if (lane == 0) {
+      block_v = v;
+      block_i = i;
+    }
   }
+  cluster.sync();
+  if (rank == 0 && threadIdx.x == 0) {
+    v = -INFINITY;
+    i = 0x7fffffff;
+    for (unsigned q = 0; q < ranks; ++q) {
+      Take(v, i, *cluster.map_shared_rank(&block_v, q), *cluster.map_shared_rank(&block_i, q));
+    }
+    // A row of only -inf (or NaN) keeps no candidate: answer 0, as std::max_element would.
+    p.tokens[r] = i < p.vocab ? i : 0;
+  }
+  cluster.sync();  // no block leaves while rank 0 may still read its answer
 }
 
 absl::Status Invalid(const std::string& what) {
@@ -60,8 +99,32 @@ absl::Status ValidateGreedySampleParams(const GreedySampleParams& p) {
 absl::Status LaunchGreedySample(const GreedySampleParams& params, cudaStream_t stream) {
   if (absl::Status st = ValidateGreedySampleParams(params); !st.ok()) return st;
   if (params.rows == 0) return absl::OkStatus();
-  GreedySampleKernel<<<params.rows, kThreads, 0, stream>>>(params);
-  const cudaError_t err = cudaGetLastError();
+  int device = 0, sms = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess)
+    err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (err != cudaSuccess) {
+    return absl::InternalError(std::string("LaunchGreedySample: ") + cudaGetErrorString(err));
+  }
+  // Blocks per row: as many as fill the SMs with the rows (up to kMaxCluster), each with at
+  // least kMinSlice elements; rows past what one launch's grid holds get one block each.
+  int blocks = std::min({kMaxCluster, std::max(1, sms / std::max(1, static_cast<int>(params.rows))),
+                         std::max(1, (params.vocab + kMinSlice - 1) / kMinSlice)});
+  if (params.rows > 0x7fffffff / kMaxCluster) blocks = 1;
+  const int per = ((params.vocab + blocks - 1) / blocks + 3) / 4 * 4;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(params.rows * blocks));
+  config.blockDim = dim3(kThreads);
+  config.stream = stream;
+  cudaLaunchAttribute cluster{};
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = blocks;
+  cluster.val.clusterDim.y = 1;
+  cluster.val.clusterDim.z = 1;
+  config.attrs = &cluster;
+  config.numAttrs = 1;
+  err = cudaLaunchKernelEx(&config, GreedySampleKernel, params, per);
+  if (err == cudaSuccess) err = cudaGetLastError();
   if (err != cudaSuccess) {
     return absl::InternalError(std::string("LaunchGreedySample: ") + cudaGetErrorString(err));
   }

@@ -1,6 +1,7 @@
 // Greedy sampling: the index of the first maximum of each row of fp32 logits, as torch.argmax and
 // the CPU sampler's greedy path (runtime::Sampler with temperature 0: std::max_element).
-// Temperature / top-k / top-p sampling is not on the GPU yet (see kernels/README.md).
+// Temperature / top-k / top-p sampling is sample.h. Up to 8 blocks (a thread block cluster, sm_90)
+// share one row when the rows leave SMs idle.
 //
 // Thread safety: stateless. Rows holding NaN give an unspecified index in [0, vocab).
 #pragma once

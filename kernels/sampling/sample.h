@@ -5,11 +5,12 @@
 // running mass exceeds uniform × its mass. A greedy row (temperature <= 0 or top_k 1) takes the
 // first maximum.
 //
-// Nothing is sorted: one block per row finds each threshold of that walk by radix selection over
-// the logits' order-preserving keys (see sample.cu), summing probabilities in double, as the CPU
-// does; only the order of the additions differs, so a pick can differ from the CPU's only when
-// the uniform lands within ~1e-15 of a boundary between two tokens. No workspace, no host
-// synchronisation (graph-capturable).
+// Nothing is sorted: a cluster of up to 8 blocks per row (as many as the rows leave SMs for, each
+// over its own slice) finds each threshold of that walk by radix selection over the logits'
+// order-preserving keys (see sample.cu), summing probabilities in double, as the CPU does; only
+// the order of the additions differs, so a pick can differ from the CPU's only when the uniform
+// lands within ~1e-15 of a boundary between two tokens. No workspace, no host synchronisation
+// (graph-capturable). Needs thread block clusters (sm_90).
 //
 // Thread safety: stateless. Rows holding NaN give an unspecified index in [0, vocab).
 #pragma once
