@@ -118,7 +118,7 @@ ThroughCache LoadThroughCache(const Args& a, runtime::KvPool& p, std::span<const
                       .parent = i > 0 ? keys[i - 1] : BlockKey{},
                       .tokens = std::vector<uint32_t>(tokens.begin() + i * l.block_tokens,
                                                       tokens.begin() + (i + 1) * l.block_tokens),
-                      .payload = payloads[i]});
+                      .payload = payloads[i]});  // alive until Save returns
   }
   auto saved = (*client)->Save(ns, "bench", layout, std::move(blocks), "bench-save");
   if (!saved.ok() || saved->stored != a.pages) {

@@ -102,12 +102,21 @@ struct FetchResult {
 };
 
 // One block to save: its key, its parent's key (all zero for the first block), its B tokens
-// and its payload in the layout's codec.
+// and its payload in the layout's codec. `payload_owner` keeps the payload's memory alive until
+// the save is done; it may stay null for Save when the caller keeps the memory alive, not for
+// SaveAsync. OwnPayload makes the block hold its payload itself.
 struct BlockToSave {
   BlockKey key;
   BlockKey parent;
   std::vector<uint32_t> tokens;
-  std::vector<uint8_t> payload;
+  std::span<const uint8_t> payload;
+  std::shared_ptr<const void> payload_owner;
+
+  void OwnPayload(std::vector<uint8_t> bytes) {
+    auto held = std::make_shared<const std::vector<uint8_t>>(std::move(bytes));
+    payload = *held;
+    payload_owner = std::move(held);
+  }
 };
 
 struct SaveResult {

@@ -52,6 +52,11 @@ struct WorkerCoreOptions {
   // memory (KvPool::AllocateHostBuffer: pinned with the CUDA backend, so the import kernels read
   // the fetched payloads in place). A larger fetch reads to heap memory; 0 always does.
   int64_t load_buffer_bytes = int64_t{1} << 30;
+  // Upper bound of the host buffers that block saves export pages into, kept and reused (the
+  // KV pool's host memory: pinned with the CUDA backend, so the export kernels write in place and
+  // the loop thread waits for PCIe, not for host copies). A save finding none free exports into
+  // heap vectors; 0 always does.
+  int64_t save_buffer_bytes = int64_t{256} << 20;
 };
 
 // Counters since start (also exported as Prometheus metrics).
@@ -108,6 +113,9 @@ class WorkerCore {
   int64_t PagesFor(int64_t tokens) const;
   // The loader's fetch buffer for `bytes` (load_buffer_, grown or replaced when needed).
   absl::StatusOr<std::shared_ptr<HostBuffer>> LoadBuffer(size_t bytes);
+  // A free save buffer of at least `bytes` (save_buffers_), or null when none is free and no
+  // more may be pinned. Loop thread.
+  std::shared_ptr<HostBuffer> SaveBuffer(size_t bytes);
   // Recomputes load_ (and the gauges) from the queues and the pool. Loop thread, mu_ held.
   void RefreshLoadLocked(size_t decode_batch);
 
@@ -136,6 +144,10 @@ class WorkerCore {
 
   std::shared_ptr<HostBuffer> load_buffer_;  // loader thread only
   bool load_buffer_failed_ = false;          // loader thread only: pinning failed once
+  // Loop thread only. A buffer is free when nothing else holds it (use_count() == 1): the blocks
+  // of a save hold theirs until the save is done.
+  std::vector<std::shared_ptr<HostBuffer>> save_buffers_;
+  bool save_buffer_failed_ = false;  // pinning failed once
 
   std::thread loop_;
   std::thread loader_;

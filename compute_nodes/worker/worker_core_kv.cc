@@ -120,6 +120,33 @@ absl::StatusOr<std::shared_ptr<HostBuffer>> WorkerCore::LoadBuffer(size_t bytes)
   return load_buffer_;
 }
 
+std::shared_ptr<HostBuffer> WorkerCore::SaveBuffer(size_t bytes) {
+  std::shared_ptr<HostBuffer>* best = nullptr;
+  int64_t held = 0;
+  for (std::shared_ptr<HostBuffer>& b : save_buffers_) {
+    held += static_cast<int64_t>(b->size());
+    if (b.use_count() == 1 && b->size() >= bytes &&
+        (best == nullptr || b->size() < (*best)->size())) {
+      best = &b;
+    }
+  }
+  if (best != nullptr) return *best;
+  // A new one, rounded up to 8 MiB so that small saves share buffers.
+  const size_t want = (bytes + (size_t{8} << 20) - 1) / (size_t{8} << 20) * (size_t{8} << 20);
+  if (save_buffer_failed_ || held + static_cast<int64_t>(want) > options_.save_buffer_bytes) {
+    return nullptr;
+  }
+  absl::StatusOr<std::shared_ptr<HostBuffer>> b = engine_.kv_pool().AllocateHostBuffer(want);
+  if (!b.ok()) {
+    save_buffer_failed_ = true;
+    spdlog::warn("worker: no {}-byte save buffer from the KV pool ({}); saving from heap memory",
+                 want, b.status().ToString());
+    return nullptr;
+  }
+  save_buffers_.push_back(*std::move(b));
+  return save_buffers_.back();
+}
+
 void WorkerCore::CollectLoaded() {
   std::vector<SeqPtr> loaded;
   {
@@ -155,14 +182,26 @@ void WorkerCore::SaveBlocks(const SeqPtr& seq, int64_t upto) {
   const BlockLayout layout = BlockLayoutOf(pool.layout());
   ExtendKeys(*seq, upto);
   std::vector<cache_client::BlockToSave> blocks;
-  const int64_t from = seq->saved_blocks;
-  // The pages' payloads in one batched move; blocks past a failed export are not saved (they
-  // stay in the pages, so nothing is lost but the cache copy).
-  std::vector<std::vector<uint8_t>> payloads;
+  const int64_t from = seq->saved_blocks, n = upto - from;
+  // The pages' payloads in one batched move, into a save buffer when one is free (else heap
+  // vectors); blocks past a failed export are not saved (they stay in the pages, so nothing is
+  // lost but the cache copy).
+  const size_t page_bytes = pool.PayloadBytes(runtime::PayloadDtype::kBf16);
+  const std::shared_ptr<HostBuffer> buffer = SaveBuffer(n * page_bytes);
+  std::vector<std::vector<uint8_t>> heap(buffer == nullptr ? n : 0);
+  std::vector<std::span<uint8_t>> outs;
+  for (int64_t i = 0; i < n; ++i) {
+    if (buffer != nullptr) {
+      outs.emplace_back(buffer->data() + i * page_bytes, page_bytes);
+    } else {
+      heap[i].resize(page_bytes);
+      outs.emplace_back(heap[i]);
+    }
+  }
   int64_t exported = 0;
   const absl::Status st =
-      pool.ExportPages(std::span<const int32_t>(seq->pages.pages).subspan(from, upto - from),
-                       runtime::PayloadDtype::kBf16, &payloads, &exported);
+      pool.ExportPagesInto(std::span<const int32_t>(seq->pages.pages).subspan(from, n),
+                           runtime::PayloadDtype::kBf16, outs, &exported);
   if (!st.ok()) {
     spdlog::warn("request {}: exporting blocks {}..{} failed after {}: {}", seq->spec.id, from,
                  upto, exported, st.ToString());
@@ -173,7 +212,12 @@ void WorkerCore::SaveBlocks(const SeqPtr& seq, int64_t upto) {
     if (b > 0) block.parent = seq->keys[b - 1];
     block.tokens =
         AsU32(std::span<const int32_t>(seq->tokens).subspan(b * block_tokens_, block_tokens_));
-    block.payload = std::move(payloads[b - from]);
+    if (buffer != nullptr) {
+      block.payload = outs[b - from];
+      block.payload_owner = buffer;
+    } else {
+      block.OwnPayload(std::move(heap[b - from]));
+    }
     blocks.push_back(std::move(block));
   }
   seq->saved_blocks = upto;

@@ -81,8 +81,8 @@ Chain MakeChain(const Namespace& ns, size_t n, uint32_t seed) {
     const auto* t = c.tokens.data() + i * Layout().block_tokens;
     c.blocks.push_back({.key = c.keys[i],
                         .parent = i == 0 ? BlockKey{} : c.keys[i - 1],
-                        .tokens = std::vector<uint32_t>(t, t + Layout().block_tokens),
-                        .payload = Payload(c.keys[i])});
+                        .tokens = std::vector<uint32_t>(t, t + Layout().block_tokens)});
+    c.blocks.back().OwnPayload(Payload(c.keys[i]));
   }
   return c;
 }
@@ -287,7 +287,7 @@ TEST_F(CacheClientTest, MalformedSavesAreRefusedBeforeAnyRpc) {
   std::vector<BlockToSave> broken = {c.blocks[0], c.blocks[2]};  // not a chain
   EXPECT_TRUE(absl::IsInvalidArgument(client->Save(ns, "t", Layout(), broken, "r").status()));
   std::vector<BlockToSave> short_payload = Prefix(c, 1);
-  short_payload[0].payload.pop_back();
+  short_payload[0].payload = short_payload[0].payload.first(short_payload[0].payload.size() - 1);
   EXPECT_TRUE(
       absl::IsInvalidArgument(client->Save(ns, "t", Layout(), short_payload, "r").status()));
   EXPECT_EQ(FetchChain(*client, ns, c).hit_blocks, 0);
