@@ -63,6 +63,32 @@ if [ -n "$port" ]; then
     && echo "sampled runs equal" || echo "sampled runs DIFFER"
 fi
 kill $wpid 2>/dev/null; wait $wpid 2>/dev/null
+# A cuda worker with a cache server on this host (shm): the same long prompt twice; the second
+# request loads its full blocks from the cache (fetched into the worker's pinned load buffer,
+# saved from its pinned save buffers) and must give the same tokens.
+cdir=/tmp/gpu-suite-cache; rm -rf $cdir /tmp/gpu-suite-cache-ready /tmp/gpu-suite-ready2; mkdir -p $cdir
+./strata cache --set cache.listen=127.0.0.1:0 --set cache.http_listen= \
+  --set cache.transfer_listen=127.0.0.1:0 --set cache.shm_socket=$cdir/shm.sock \
+  --set cache.data_dir=$cdir --set cache.dram.capacity=536870912 \
+  --ready-file /tmp/gpu-suite-cache-ready > $OUT/cache.log 2>&1 &
+cpid=$!
+for i in $(seq 1 30); do [ -s /tmp/gpu-suite-cache-ready ] && break; sleep 0.5; done
+cport=$(sed -n 's/.*grpc=\([0-9]*\).*/\1/p' /tmp/gpu-suite-cache-ready 2>/dev/null)
+./strata worker --model $m --set worker.backend=cuda --set worker.listen=127.0.0.1:0 \
+  --set worker.http_listen=127.0.0.1:0 --set worker.cache_address=127.0.0.1:$cport \
+  --ready-file /tmp/gpu-suite-ready2 > $OUT/worker_cache.log 2>&1 &
+w2=$!
+for i in $(seq 1 60); do [ -s /tmp/gpu-suite-ready2 ] && break; sleep 1; done
+port2=$(sed -n 's/.*grpc=\([0-9]*\).*/\1/p' /tmp/gpu-suite-ready2 2>/dev/null)
+long=$(python3 -c "print(','.join(str((i * 37) % 5000 + 5) for i in range(200)))")
+for k in 1 2; do
+  timeout 60 ./strata generate --model $m --prompt-ids $long --max-tokens 16 \
+    --worker 127.0.0.1:$port2 > $OUT/gen_cached$k.txt 2>&1
+  echo "generate via worker with a cache, run $k rc=$?: $(tail -1 $OUT/gen_cached$k.txt | cut -c1-90)"
+done
+[ "$(head -1 $OUT/gen_cached1.txt)" = "$(head -1 $OUT/gen_cached2.txt)" ] \
+  && echo "cached run equal" || echo "cached run DIFFERS"
+kill $w2 $cpid 2>/dev/null; wait $w2 $cpid 2>/dev/null
 for f in gen_cpu gen_cuda gen_worker gen_worker_sampled1; do echo "== $f"; tail -3 $OUT/$f.txt 2>/dev/null; done
 timeout $(( $(left) < 150 ? $(left) : 150 )) ./strata bench decode --json $OUT/bench_decode.json \
   --batch 1,16,64 --context 1024 --steps 20 > $OUT/bench_decode.log 2>&1
