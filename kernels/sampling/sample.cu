@@ -16,7 +16,6 @@
 //   5. the key at which the running mass first exceeds uniform x kept, the position t within its
 //      tie group, and the t-th lowest index holding that key.
 #include <cooperative_groups.h>
-#include <cooperative_groups/reduce.h>
 
 #include <algorithm>
 #include <cub/block/block_reduce.cuh>
@@ -129,20 +128,8 @@ class Row {
         const uint32_t k = Key(x);
         if (k <= floor || (k & mask) != prefix) return;
         const uint32_t d = (k >> shift) & digit_mask;
-        if (!by_mass) {
-          atomicAdd(&sh_.count[d], 1u);
-          return;
-        }
-        // The lanes of a warp on one bin add up their masses first and one of them adds the
-        // sum: logits crowd into a few bins of the first digit, and a double atomic on shared
-        // memory is a compare-and-swap loop.
-        const cg::coalesced_group active = cg::coalesced_threads();
-        const cg::coalesced_group same = cg::labeled_partition(active, d);
-        const double m = cg::reduce(same, Weight(x, mx, t), cg::plus<double>());
-        if (same.thread_rank() == 0) {
-          atomicAdd(&sh_.count[d], same.size());
-          atomicAdd(&sh_.mass[d], m);
-        }
+        atomicAdd(&sh_.count[d], 1u);
+        if (by_mass) atomicAdd(&sh_.mass[d], Weight(x, mx, t));
       });
       cluster_.sync();  // every block's histogram is complete
       // Bins from the largest digit down: thread i holds bins hi = top - 2i and hi - 1, summed

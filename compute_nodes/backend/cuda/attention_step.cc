@@ -20,6 +20,19 @@ using engine_detail::kRow;
 using engine_detail::MhaSeq;
 using model::ModelConfig;
 
+// The per-head halves of kv_b_proj ([heads][nope + vd][512] rows): head h's W_UK ([nope][512])
+// at w_uk + h * head_stride, its W_UV ([vd][512]) at w_uv + h * head_stride.
+struct KvbSlices {
+  const bf16* w_uk;
+  const bf16* w_uv;
+  int64_t head_stride;
+};
+
+KvbSlices SlicesOf(const DeviceLinear& kv_b_proj, const ModelConfig& c) {
+  return {kv_b_proj.w, kv_b_proj.w + c.qk_nope_head_dim * kLatent,
+          (c.qk_nope_head_dim + c.v_head_dim) * kLatent};
+}
+
 }  // namespace
 
 // Attention, MHA form: per prefill sequence over its decompressed context. The prefill kernel
@@ -31,7 +44,8 @@ absl::Status CudaEngine::Impl::MhaAttention(const DeviceLayer& L, const StepPlan
                                             int64_t layer) {
   const ModelConfig& c = W.config();
   const int64_t heads = c.num_attention_heads, nope = c.qk_nope_head_dim, vd = c.v_head_dim;
-  const int64_t qk = c.qk_head_dim(), kvb_row = nope + vd;
+  const int64_t qk = c.qk_head_dim();
+  const KvbSlices kvb = SlicesOf(L.kv_b_proj, c);
   const bool q_direct = nope == kPadNope, out_direct = vd == kPadV;
   const bf16* pool_l = pool.layer_base(layer);
   bf16* attn_p = attn.as<bf16>();
@@ -49,15 +63,15 @@ absl::Status CudaEngine::Impl::MhaAttention(const DeviceLayer& L, const StepPlan
     g.ldb = kLatent;
     g.batch = heads;
     g.stride_a = 0;
-    g.stride_b = kvb_row * kLatent;
+    g.stride_b = kvb.head_stride;
     g.n = nope;
-    g.b = L.kv_b_proj.w;
+    g.b = kvb.w_uk;
     g.c = kpp;
     g.ldc = heads * kPadQk;
     g.stride_c = kPadQk;
     RETURN_IF_ERROR(blas.Gemm(g));
     g.n = vd;
-    g.b = L.kv_b_proj.w + nope * kLatent;
+    g.b = kvb.w_uv;
     g.c = vp.as<bf16>();
     g.ldc = heads * kPadV;
     g.stride_c = kPadV;
@@ -121,7 +135,8 @@ absl::Status CudaEngine::Impl::AbsorbedAttention(const DeviceLayer& L, const Ste
   if (P.m == 0) return absl::OkStatus();
   const ModelConfig& c = W.config();
   const int64_t m = P.m, heads = c.num_attention_heads, nope = c.qk_nope_head_dim;
-  const int64_t vd = c.v_head_dim, qk = c.qk_head_dim(), kvb_row = nope + vd;
+  const int64_t vd = c.v_head_dim, qk = c.qk_head_dim();
+  const KvbSlices kvb = SlicesOf(L.kv_b_proj, c);
   const int64_t hq_pad = (heads + 15) / 16 * 16;
   const bf16* qdp = q.as<bf16>();
   if (!P.all_decode) {
@@ -162,9 +177,9 @@ absl::Status CudaEngine::Impl::AbsorbedAttention(const DeviceLayer& L, const Ste
   g.a = qdp;
   g.lda = heads * qk;
   g.stride_a = qk;
-  g.b = L.kv_b_proj.w;
+  g.b = kvb.w_uk;
   g.ldb = kLatent;
-  g.stride_b = kvb_row * kLatent;
+  g.stride_b = kvb.head_stride;
   g.c = qf;
   g.ldc = hq_pad * kRow;
   g.stride_c = kRow;
@@ -199,8 +214,8 @@ absl::Status CudaEngine::Impl::AbsorbedAttention(const DeviceLayer& L, const Ste
     sg.x = olat.as<bf16>();
     sg.ld_x = hq_pad * kLatent;
     sg.batch_stride_x = kLatent;
-    sg.w = L.kv_b_proj.w + nope * kLatent;
-    sg.batch_stride_w = kvb_row * kLatent;
+    sg.w = kvb.w_uv;
+    sg.batch_stride_w = kvb.head_stride;
     sg.out = odp;
     sg.ld_out = heads * vd;
     sg.batch_stride_out = vd;
@@ -214,9 +229,9 @@ absl::Status CudaEngine::Impl::AbsorbedAttention(const DeviceLayer& L, const Ste
   g.a = olat.as<bf16>();
   g.lda = hq_pad * kLatent;
   g.stride_a = kLatent;
-  g.b = L.kv_b_proj.w + nope * kLatent;
+  g.b = kvb.w_uv;
   g.ldb = kLatent;
-  g.stride_b = kvb_row * kLatent;
+  g.stride_b = kvb.head_stride;
   g.c = odp;
   g.ldc = heads * vd;
   g.stride_c = vd;
