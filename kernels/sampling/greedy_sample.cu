@@ -9,6 +9,7 @@
 #include <string>
 
 #include "kernels/sampling/greedy_sample.h"
+#include "kernels/sampling/row_clusters.cuh"
 
 namespace strata::kernels {
 namespace {
@@ -16,8 +17,6 @@ namespace {
 namespace cg = cooperative_groups;
 
 constexpr int kThreads = 512;
-constexpr int kMaxCluster = 8;
-constexpr int kMinSlice = 8192;  // elements per block worth a block of its own
 
 __device__ __forceinline__ void Take(float& v, int& i, float w, int j) {
   if (w > v || (w == v && j < i)) {
@@ -99,36 +98,11 @@ absl::Status ValidateGreedySampleParams(const GreedySampleParams& p) {
 absl::Status LaunchGreedySample(const GreedySampleParams& params, cudaStream_t stream) {
   if (absl::Status st = ValidateGreedySampleParams(params); !st.ok()) return st;
   if (params.rows == 0) return absl::OkStatus();
-  int device = 0, sms = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err == cudaSuccess)
-    err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  if (err != cudaSuccess) {
-    return absl::InternalError(std::string("LaunchGreedySample: ") + cudaGetErrorString(err));
-  }
-  // Blocks per row: as many as fill the SMs with the rows (up to kMaxCluster), each with at
-  // least kMinSlice elements; rows past what one launch's grid holds get one block each.
-  int blocks = std::min({kMaxCluster, std::max(1, sms / std::max(1, static_cast<int>(params.rows))),
-                         std::max(1, (params.vocab + kMinSlice - 1) / kMinSlice)});
-  if (params.rows > 0x7fffffff / kMaxCluster) blocks = 1;
-  const int per = ((params.vocab + blocks - 1) / blocks + 3) / 4 * 4;
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(static_cast<unsigned>(params.rows * blocks));
-  config.blockDim = dim3(kThreads);
-  config.stream = stream;
-  cudaLaunchAttribute cluster{};
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = blocks;
-  cluster.val.clusterDim.y = 1;
-  cluster.val.clusterDim.z = 1;
-  config.attrs = &cluster;
-  config.numAttrs = 1;
-  err = cudaLaunchKernelEx(&config, GreedySampleKernel, params, per);
-  if (err == cudaSuccess) err = cudaGetLastError();
-  if (err != cudaSuccess) {
-    return absl::InternalError(std::string("LaunchGreedySample: ") + cudaGetErrorString(err));
-  }
-  return absl::OkStatus();
+  const absl::StatusOr<sampling_detail::RowClusters> c =
+      sampling_detail::PlanRowClusters("LaunchGreedySample: ", params.rows, params.vocab);
+  if (!c.ok()) return c.status();
+  return sampling_detail::LaunchRowClusters("LaunchGreedySample: ", *c, params.rows, kThreads,
+                                            stream, GreedySampleKernel, params, c->per);
 }
 
 }  // namespace strata::kernels

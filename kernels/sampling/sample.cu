@@ -22,6 +22,7 @@
 #include <cub/block/block_scan.cuh>
 #include <string>
 
+#include "kernels/sampling/row_clusters.cuh"
 #include "kernels/sampling/sample.h"
 
 namespace strata::kernels {
@@ -30,9 +31,7 @@ namespace {
 namespace cg = cooperative_groups;
 
 constexpr int kThreads = 1024;
-constexpr int kMaxCluster = 8;   // blocks per row (the portable cluster size)
-constexpr int kMinSlice = 8192;  // elements per block worth a block of its own
-constexpr int kBins = 2048;      // 11-bit digits
+constexpr int kBins = 2048;  // 11-bit digits
 // Digit `pass` of a key: bits [21, 32), [10, 21), [0, 10).
 __device__ __forceinline__ int DigitShift(int pass) { return pass == 0 ? 21 : pass == 1 ? 10 : 0; }
 __device__ __forceinline__ int DigitBits(int pass) { return pass == 2 ? 10 : 11; }
@@ -376,38 +375,11 @@ absl::Status ValidateSampleParams(const SampleParams& p) {
 absl::Status LaunchSample(const SampleParams& p, cudaStream_t stream) {
   if (absl::Status st = ValidateSampleParams(p); !st.ok()) return st;
   if (p.rows == 0) return absl::OkStatus();
-  // Blocks per row: as many as fill the GPU's SMs with the rows (up to kMaxCluster), none with
-  // less than kMinSlice elements.
-  int device = 0, sms = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err == cudaSuccess) {
-    err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  }
-  if (err != cudaSuccess) {
-    return absl::InternalError(std::string("LaunchSample: ") + cudaGetErrorString(err));
-  }
-  const int by_sms = std::max(1, sms / p.rows);
-  const int by_size = std::max(1, (p.vocab + kMinSlice - 1) / kMinSlice);
-  const int blocks = std::min({kMaxCluster, by_sms, by_size});
-  const int per = ((p.vocab + blocks - 1) / blocks + 3) / 4 * 4;
-  if (static_cast<int64_t>(p.rows) * blocks > 0x7fffffff) return Invalid("too many rows");
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(p.rows * blocks);
-  config.blockDim = dim3(kThreads);
-  config.stream = stream;
-  cudaLaunchAttribute cluster{};
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = blocks;
-  cluster.val.clusterDim.y = 1;
-  cluster.val.clusterDim.z = 1;
-  config.attrs = &cluster;
-  config.numAttrs = 1;
-  err = cudaLaunchKernelEx(&config, SampleKernel, p, per);
-  if (err == cudaSuccess) err = cudaGetLastError();
-  if (err != cudaSuccess) {
-    return absl::InternalError(std::string("LaunchSample: ") + cudaGetErrorString(err));
-  }
-  return absl::OkStatus();
+  const absl::StatusOr<sampling_detail::RowClusters> c =
+      sampling_detail::PlanRowClusters("LaunchSample: ", p.rows, p.vocab);
+  if (!c.ok()) return c.status();
+  return sampling_detail::LaunchRowClusters("LaunchSample: ", *c, p.rows, kThreads, stream,
+                                            SampleKernel, p, c->per);
 }
 
 }  // namespace strata::kernels

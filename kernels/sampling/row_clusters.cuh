@@ -1,0 +1,63 @@
+// Row-parallel sampling kernels on thread block clusters (sm_90): a row of `vocab` elements gets
+// a cluster of up to kMaxRowCluster blocks when the rows leave SMs idle, each block over a slice
+// of `per` elements (a multiple of 4, so 16-byte loads stay aligned). A kernel finds its row as
+// blockIdx.x / the cluster's size and its slice from its rank in the cluster.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace strata::kernels::sampling_detail {
+
+inline constexpr int kMaxRowCluster = 8;   // the portable cluster size
+inline constexpr int kMinRowSlice = 8192;  // elements per block worth a block of its own
+
+struct RowClusters {
+  int blocks = 1;  // per row
+  int per = 0;     // elements of each block's slice
+};
+
+// As many blocks per row as fill the device's SMs with `rows` rows (up to kMaxRowCluster), none
+// with fewer than kMinRowSlice elements; one block a row when rows x kMaxRowCluster blocks would
+// not fit in one grid.
+inline absl::StatusOr<RowClusters> PlanRowClusters(const char* who, int rows, int vocab) {
+  int device = 0, sms = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess)
+    err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (err != cudaSuccess) return absl::InternalError(std::string(who) + cudaGetErrorString(err));
+  RowClusters c;
+  c.blocks = std::min({kMaxRowCluster, std::max(1, sms / std::max(1, rows)),
+                       std::max(1, (vocab + kMinRowSlice - 1) / kMinRowSlice)});
+  if (rows > 0x7fffffff / kMaxRowCluster) c.blocks = 1;
+  c.per = ((vocab + c.blocks - 1) / c.blocks + 3) / 4 * 4;
+  return c;
+}
+
+// kernel<<<rows x c.blocks, threads>>>(args...) in clusters of c.blocks.
+template <typename... Params, typename... Args>
+absl::Status LaunchRowClusters(const char* who, const RowClusters& c, int rows, int threads,
+                               cudaStream_t stream, void (*kernel)(Params...), Args... args) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(rows) * static_cast<unsigned>(c.blocks));
+  config.blockDim = dim3(threads);
+  config.stream = stream;
+  cudaLaunchAttribute cluster{};
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = c.blocks;
+  cluster.val.clusterDim.y = 1;
+  cluster.val.clusterDim.z = 1;
+  config.attrs = &cluster;
+  config.numAttrs = 1;
+  cudaError_t err = cudaLaunchKernelEx(&config, kernel, args...);
+  if (err == cudaSuccess) err = cudaGetLastError();
+  if (err != cudaSuccess) return absl::InternalError(std::string(who) + cudaGetErrorString(err));
+  return absl::OkStatus();
+}
+
+}  // namespace strata::kernels::sampling_detail
