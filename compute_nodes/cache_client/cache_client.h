@@ -5,11 +5,12 @@
 //   ASSIGN_OR_RETURN(auto client, CacheClient::Connect({.address = "127.0.0.1:7400", ...}));
 //   FetchResult hit = client->Fetch(ns, keys, tokens, layout, "req-1");
 //   for (const FetchedBlock& b : hit.blocks) pool.ImportPage(page, kBf16, b.payload);
+//   client->SaveAsync(ns, "tenant", layout, std::move(blocks), "req-1", [](auto r) { ... });
 //
 // A fetch reads all its blocks into one host buffer (FetchResult::buffer), and each block's
 // payload is a span into it: no copy after the transfer. The caller may supply the buffer
 // (FetchBuffer), e.g. pinned memory of a GPU pool, whose kernels then read the payloads in place.
-//   client->SaveAsync(ns, "tenant", layout, std::move(blocks), "req-1", [](auto r) { ... });
+// A block to save likewise names its payload by a span and the object that owns its memory.
 //
 // What is stored under a key is a whole block in the block format (common/block_format.h):
 // header + token ids + payload. A fetched block is verified before it is returned — the
