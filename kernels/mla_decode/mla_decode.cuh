@@ -376,8 +376,10 @@ __global__ void __launch_bounds__(kThreads, (Layout<kMTiles, kFp8>::kBlocksPerSm
   }
 }
 
-// Merges the splits of one (sequence, head) row per block of 128 threads (4 columns each).
-__global__ void __launch_bounds__(128) MlaDecodeCombineKernel(MlaDecodeParams p);
+// Merges the splits of one (sequence, head) row per block of kCombineThreads (warps over splits).
+inline constexpr int kCombineWarps = 8;
+inline constexpr int kCombineThreads = kCombineWarps * 32;
+__global__ void __launch_bounds__(kCombineThreads) MlaDecodeCombineKernel(MlaDecodeParams p);
 
 // Sets the kernel's shared memory and launches it (programmatic dependent launch).
 template <int kMTiles, bool kFp8>
