@@ -1,0 +1,150 @@
+// WorkerCore in process with an in-process cache server: a prompt's full blocks are saved after
+// the first request and loaded by the second, whose tokens equal the first's; once with the
+// pool's reusable load and save buffers (the default) and once with both turned off (fetches to
+// heap buffers, saves from heap vectors), over shm and over tcp.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <condition_variable>
+#include <filesystem>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <string>
+
+#include "cache_service/cache_server.h"
+#include "common/block_format.h"
+#include "common/block_key.h"
+#include "compute_nodes/backend/cpu/cpu_engine.h"
+#include "compute_nodes/model/make_random.h"
+#include "compute_nodes/model/weights.h"
+#include "compute_nodes/worker/cache_directory.h"
+#include "compute_nodes/worker/worker_core.h"
+
+namespace strata::worker {
+namespace {
+
+std::shared_ptr<const model::ModelWeights> Tiny() {
+  static std::shared_ptr<const model::ModelWeights> w;
+  if (w) return w;
+  const std::string dir = testing::TempDir() + "/worker_core_cache_tiny";
+  model::MakeRandomOptions o;
+  o.seed = 5;
+  EXPECT_TRUE(model::MakeRandomCheckpoint(*model::PresetConfig("tiny"), o, dir).ok());
+  auto loaded = model::LoadModel(dir);
+  EXPECT_TRUE(loaded.ok()) << loaded.status();
+  w = std::shared_ptr<const model::ModelWeights>(std::move(*loaded));
+  return w;
+}
+
+struct Done {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<int32_t> tokens;
+  std::optional<RequestOutcome> outcome;
+
+  RequestEvents Events() {
+    return {.on_tokens =
+                [this](std::span<const int32_t> ids) {
+                  std::lock_guard<std::mutex> lock(mu);
+                  tokens.insert(tokens.end(), ids.begin(), ids.end());
+                },
+            .on_done =
+                [this](const RequestOutcome& o) {
+                  std::lock_guard<std::mutex> lock(mu);
+                  outcome = o;
+                  cv.notify_all();
+                }};
+  }
+  RequestOutcome Wait() {
+    std::unique_lock<std::mutex> lock(mu);
+    EXPECT_TRUE(cv.wait_for(lock, std::chrono::seconds(120), [&] { return outcome.has_value(); }));
+    return outcome.value_or(RequestOutcome{});
+  }
+};
+
+struct Case {
+  bool buffers;
+  transfer::TransportKind transport;
+};
+
+class WorkerCoreCacheTest : public testing::TestWithParam<Case> {};
+
+TEST_P(WorkerCoreCacheTest, SecondRequestLoadsTheSavedBlocksAndAgrees) {
+  const Case c = GetParam();
+  const std::string dir = testing::TempDir() + "/worker-core-cache-" + std::to_string(getpid()) +
+                          (c.buffers ? "-buf" : "-heap") +
+                          std::to_string(static_cast<int>(c.transport));
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::shared_ptr<const model::ModelWeights> weights = Tiny();
+  const model::ModelConfig& config = weights->config;
+  KvFormat format;
+  const BlockLayout layout = MakeBlockLayout(
+      format, static_cast<uint32_t>(config.num_hidden_layers),
+      static_cast<uint32_t>(config.kv_lora_rank), static_cast<uint32_t>(config.qk_rope_head_dim));
+  cache::CacheServerOptions so;
+  so.store.data_dir = dir + "/cache";
+  so.store.slot_bytes = (layout.TotalBytes() + 4095) / 4096 * 4096;
+  so.store.dram_capacity_bytes = 64 * so.store.slot_bytes;
+  so.host_id = "worker-core-cache";
+  so.http_listen = "";
+  so.cluster_secret = "test";
+  so.transfer_listen = "127.0.0.1:0";
+  so.shm_socket_path = dir + "/shm.sock";
+  cache::CacheServer server(so);
+  ASSERT_TRUE(server.Start().ok());
+  CacheDirectory caches(
+      cache_client::CacheClientOptions{.address = "127.0.0.1:" + std::to_string(server.grpc_port()),
+                                       .client_id = "worker-core-cache",
+                                       .host_id = "worker-core-cache",
+                                       .cluster_secret = "test",
+                                       .force_transport = c.transport});
+
+  cpu::CpuEngine engine(weights, 32, 64, runtime::KvPrecision::kBf16);
+  WorkerCoreOptions options;
+  if (!c.buffers) options.load_buffer_bytes = options.save_buffer_bytes = 0;
+  WorkerCore core(engine, caches, options);
+  core.Start();
+
+  std::mt19937 rng(11);
+  std::vector<int32_t> prompt(200);
+  for (int32_t& id : prompt) id = static_cast<int32_t>(rng() % 100000);
+  auto run = [&](const std::string& id, Done* done) {
+    RequestSpec spec;
+    spec.id = id;
+    spec.prompt = prompt;
+    spec.sampling.max_tokens = 8;
+    spec.ns = MakeNamespace(weights->fingerprint, format, "t");
+    spec.tenant = "t";
+    ASSERT_TRUE(core.Submit(std::move(spec), done->Events()).ok());
+  };
+  Done first, second;
+  run("first", &first);
+  const RequestOutcome a = first.Wait();  // after its blocks are committed
+  ASSERT_TRUE(a.status.ok()) << a.status;
+  EXPECT_EQ(a.cached.total, 0);
+  run("second", &second);
+  const RequestOutcome b = second.Wait();
+  ASSERT_TRUE(b.status.ok()) << b.status;
+  EXPECT_EQ(b.cached.total, 192) << "three full blocks of 64 tokens";
+  EXPECT_EQ(b.computed_tokens, 8);
+  EXPECT_EQ(second.tokens, first.tokens);
+  core.Stop();
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+}
+
+INSTANTIATE_TEST_SUITE_P(BuffersAndTransports, WorkerCoreCacheTest,
+                         testing::Values(Case{true, transfer::TransportKind::kShm},
+                                         Case{false, transfer::TransportKind::kShm},
+                                         Case{true, transfer::TransportKind::kTcp},
+                                         Case{false, transfer::TransportKind::kTcp}),
+                         [](const testing::TestParamInfo<Case>& i) {
+                           return std::string(i.param.buffers ? "PoolBuffers" : "HeapOnly") +
+                                  (i.param.transport == transfer::TransportKind::kShm ? "Shm"
+                                                                                      : "Tcp");
+                         });
+
+}  // namespace
+}  // namespace strata::worker
