@@ -16,26 +16,14 @@
 #include "common/block_format.h"
 #include "common/block_key.h"
 #include "compute_nodes/backend/cpu/cpu_engine.h"
-#include "compute_nodes/model/make_random.h"
-#include "compute_nodes/model/weights.h"
 #include "compute_nodes/worker/cache_directory.h"
 #include "compute_nodes/worker/worker_core.h"
+#include "tests/compute_nodes/worker/tiny_model.h"
 
 namespace strata::worker {
 namespace {
 
-std::shared_ptr<const model::ModelWeights> Tiny() {
-  static std::shared_ptr<const model::ModelWeights> w;
-  if (w) return w;
-  const std::string dir = testing::TempDir() + "/worker_core_cache_tiny";
-  model::MakeRandomOptions o;
-  o.seed = 5;
-  EXPECT_TRUE(model::MakeRandomCheckpoint(*model::PresetConfig("tiny"), o, dir).ok());
-  auto loaded = model::LoadModel(dir);
-  EXPECT_TRUE(loaded.ok()) << loaded.status();
-  w = std::shared_ptr<const model::ModelWeights>(std::move(*loaded));
-  return w;
-}
+using testutil::TinyModel;
 
 struct Done {
   std::mutex mu;
@@ -77,7 +65,7 @@ TEST_P(WorkerCoreCacheTest, SecondRequestLoadsTheSavedBlocksAndAgrees) {
                           std::to_string(static_cast<int>(c.transport));
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
-  const std::shared_ptr<const model::ModelWeights> weights = Tiny();
+  const std::shared_ptr<const model::ModelWeights> weights = TinyModel();
   const model::ModelConfig& config = weights->config;
   KvFormat format;
   const BlockLayout layout = MakeBlockLayout(

@@ -11,25 +11,13 @@
 #include <random>
 
 #include "compute_nodes/backend/cpu/cpu_engine.h"
-#include "compute_nodes/model/make_random.h"
-#include "compute_nodes/model/weights.h"
 #include "compute_nodes/runtime/generate.h"
+#include "tests/compute_nodes/worker/tiny_model.h"
 
 namespace strata::worker {
 namespace {
 
-std::shared_ptr<const model::ModelWeights> Tiny() {
-  static std::shared_ptr<const model::ModelWeights> w;
-  if (w) return w;
-  const std::string dir = testing::TempDir() + "/worker_core_tiny";
-  model::MakeRandomOptions o;
-  o.seed = 3;
-  EXPECT_TRUE(model::MakeRandomCheckpoint(*model::PresetConfig("tiny"), o, dir).ok());
-  auto loaded = model::LoadModel(dir);
-  EXPECT_TRUE(loaded.ok()) << loaded.status();
-  w = std::shared_ptr<const model::ModelWeights>(std::move(*loaded));
-  return w;
-}
+using testutil::TinyModel;
 
 std::vector<int32_t> Prompt(int n, uint32_t seed) {
   std::mt19937 rng(seed);
@@ -39,7 +27,7 @@ std::vector<int32_t> Prompt(int n, uint32_t seed) {
 }
 
 std::vector<int32_t> Reference(const std::vector<int32_t>& prompt, int max_tokens) {
-  cpu::CpuEngine engine(Tiny(), (prompt.size() + max_tokens) / 64 + 2, 64,
+  cpu::CpuEngine engine(TinyModel(), (prompt.size() + max_tokens) / 64 + 2, 64,
                         runtime::KvPrecision::kBf16);
   runtime::SamplingParams params;
   params.max_tokens = max_tokens;
@@ -91,7 +79,7 @@ RequestSpec Spec(const std::string& id, std::vector<int32_t> prompt, int max_tok
 class WorkerCoreTest : public testing::Test {
  protected:
   void Make(int64_t pages, WorkerCoreOptions options = {}) {
-    engine_ = std::make_unique<cpu::CpuEngine>(Tiny(), pages, 64, runtime::KvPrecision::kBf16);
+    engine_ = std::make_unique<cpu::CpuEngine>(TinyModel(), pages, 64, runtime::KvPrecision::kBf16);
     core_ = std::make_unique<WorkerCore>(*engine_, caches_, options);
     core_->Start();
   }
