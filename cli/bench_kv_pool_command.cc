@@ -198,26 +198,25 @@ void Run(const Args& a) {
     for (size_t i = 0; i < bytes; i += 2) v[i] = static_cast<uint8_t>(rng());  // finite bf16
   }
   std::vector<std::span<const uint8_t>> spans(payloads.begin(), payloads.end());
-  auto check = Check;
   const double total = static_cast<double>(bytes) * a.pages;
   const double import_one = MedianSeconds(a.repeats, [&] {
     for (int64_t i = 0; i < a.pages; ++i) {
-      check(p.ImportPage(pages[i], runtime::PayloadDtype::kBf16, spans[i]));
+      Check(p.ImportPage(pages[i], runtime::PayloadDtype::kBf16, spans[i]));
     }
   });
   const double import_batched = MedianSeconds(a.repeats, [&] {
     int64_t done = 0;
-    check(p.ImportPages(pages, runtime::PayloadDtype::kBf16, spans, &done));
+    Check(p.ImportPages(pages, runtime::PayloadDtype::kBf16, spans, &done));
   });
   std::vector<std::vector<uint8_t>> out(a.pages);
   const double export_one = MedianSeconds(a.repeats, [&] {
     for (int64_t i = 0; i < a.pages; ++i) {
-      check(p.ExportPage(pages[i], runtime::PayloadDtype::kBf16, &out[i]));
+      Check(p.ExportPage(pages[i], runtime::PayloadDtype::kBf16, &out[i]));
     }
   });
   const double export_batched = MedianSeconds(a.repeats, [&] {
     int64_t done = 0;
-    check(p.ExportPages(pages, runtime::PayloadDtype::kBf16, &out, &done));
+    Check(p.ExportPages(pages, runtime::PayloadDtype::kBf16, &out, &done));
   });
   for (int64_t i = 0; i < a.pages; ++i) {
     if (out[i] != payloads[i]) Fail(1, StrCat("bench kv-pool: page ", i, " did not round-trip"));
@@ -236,12 +235,12 @@ void Run(const Args& a) {
   }
   const double import_pinned = MedianSeconds(a.repeats, [&] {
     int64_t done = 0;
-    check(p.ImportPages(pages, runtime::PayloadDtype::kBf16, pinned_in, &done));
+    Check(p.ImportPages(pages, runtime::PayloadDtype::kBf16, pinned_in, &done));
   });
   std::memset((*pinned)->data(), 0, (*pinned)->size());
   const double export_pinned = MedianSeconds(a.repeats, [&] {
     int64_t done = 0;
-    check(p.ExportPagesInto(pages, runtime::PayloadDtype::kBf16, pinned_out, &done));
+    Check(p.ExportPagesInto(pages, runtime::PayloadDtype::kBf16, pinned_out, &done));
   });
   for (int64_t i = 0; i < a.pages; ++i) {
     if (!std::equal(payloads[i].begin(), payloads[i].end(), pinned_out[i].begin())) {

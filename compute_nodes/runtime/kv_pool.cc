@@ -130,13 +130,7 @@ absl::Status KvPool::ImportPages(std::span<const int32_t> pages, PayloadDtype dt
                                  std::span<const std::span<const uint8_t>> payloads,
                                  int64_t* done) {
   *done = 0;
-  if (pages.size() != payloads.size()) {
-    return absl::InvalidArgumentError("ImportPages: pages and payloads differ in count");
-  }
-  for (size_t i = 0; i < pages.size(); ++i) {
-    if (auto st = CheckPage(pages[i]); !st.ok()) return st;
-    if (auto st = CheckPayload(dtype, payloads[i].size()); !st.ok()) return st;
-  }
+  if (auto st = CheckMoves("ImportPages", pages, dtype, payloads); !st.ok()) return st;
   for (size_t i = 0; i < pages.size(); ++i) {
     if (auto st = ImportPage(pages[i], dtype, payloads[i]); !st.ok()) return st;
     ++*done;
@@ -148,13 +142,7 @@ absl::Status KvPool::ExportPagesInto(std::span<const int32_t> pages, PayloadDtyp
                                      std::span<const std::span<uint8_t>> outs,
                                      int64_t* done) const {
   *done = 0;
-  if (pages.size() != outs.size()) {
-    return absl::InvalidArgumentError("ExportPagesInto: pages and buffers differ in count");
-  }
-  for (size_t i = 0; i < pages.size(); ++i) {
-    if (auto st = CheckPage(pages[i]); !st.ok()) return st;
-    if (auto st = CheckPayload(dtype, outs[i].size()); !st.ok()) return st;
-  }
+  if (auto st = CheckMoves("ExportPagesInto", pages, dtype, outs); !st.ok()) return st;
   for (size_t i = 0; i < pages.size(); ++i) {
     if (auto st = ExportPageInto(pages[i], dtype, outs[i]); !st.ok()) return st;
     ++*done;

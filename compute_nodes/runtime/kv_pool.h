@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -90,6 +91,20 @@ class KvPool {
  protected:
   absl::Status CheckPage(int32_t page) const;
   absl::Status CheckPayload(PayloadDtype dtype, size_t bytes) const;
+  // The checks of a batched move, before anything moves: as many payloads as pages, every page
+  // id valid, every payload PayloadBytes(dtype) long. `what` names the call in the error.
+  template <typename Byte>
+  absl::Status CheckMoves(const char* what, std::span<const int32_t> pages, PayloadDtype dtype,
+                          std::span<const std::span<Byte>> payloads) const {
+    if (pages.size() != payloads.size()) {
+      return absl::InvalidArgumentError(std::string(what) + ": pages and payloads differ in count");
+    }
+    for (size_t i = 0; i < pages.size(); ++i) {
+      if (auto st = CheckPage(pages[i]); !st.ok()) return st;
+      if (auto st = CheckPayload(dtype, payloads[i].size()); !st.ok()) return st;
+    }
+    return absl::OkStatus();
+  }
 
  private:
   KvLayout layout_;

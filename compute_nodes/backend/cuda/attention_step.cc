@@ -151,7 +151,8 @@ absl::Status CudaEngine::Impl::AbsorbedAttention(const DeviceLayer& L, const Ste
   CopyHeadsParams cp{m,          heads, kRope,        kRope,         qdp + nope,
                      heads * qk, qk,    qf + kLatent, hq_pad * kRow, kRow};
   RETURN_IF_ERROR(CopyHeads(cp, side->stream()));
-  // q_lat[r][hd] = q_nope[r][hd] · W_UK[hd]   ([nope] × [nope][512], one GEMM per head).
+  // q_lat[r][hd] = q_nope[r][hd] · W_UK[hd]   ([nope] × [nope][512], one GEMM per head): the
+  // skinny kernel over the transposed copy for few rows, else cuBLAS over kv_b_proj.
   if (skinny) {
     kernels::SkinnyGemmParams sg;
     sg.tokens = static_cast<int>(m);
@@ -167,27 +168,25 @@ absl::Status CudaEngine::Impl::AbsorbedAttention(const DeviceLayer& L, const Ste
     sg.ld_out = hq_pad * kRow;
     sg.batch_stride_out = kRow;
     RETURN_IF_ERROR(kernels::LaunchSkinnyGemm(sg, s));
-    RETURN_IF_ERROR(side->Join());
-  }
-  GemmArgs g;
-  g.m = m;
-  g.n = kLatent;
-  g.k = nope;
-  g.trans_b = false;
-  g.a = qdp;
-  g.lda = heads * qk;
-  g.stride_a = qk;
-  g.b = kvb.w_uk;
-  g.ldb = kLatent;
-  g.stride_b = kvb.head_stride;
-  g.c = qf;
-  g.ldc = hq_pad * kRow;
-  g.stride_c = kRow;
-  g.batch = heads;
-  if (!skinny) {
+  } else {
+    GemmArgs g;
+    g.m = m;
+    g.n = kLatent;
+    g.k = nope;
+    g.trans_b = false;
+    g.a = qdp;
+    g.lda = heads * qk;
+    g.stride_a = qk;
+    g.b = kvb.w_uk;
+    g.ldb = kLatent;
+    g.stride_b = kvb.head_stride;
+    g.c = qf;
+    g.ldc = hq_pad * kRow;
+    g.stride_c = kRow;
+    g.batch = heads;
     RETURN_IF_ERROR(blas.Gemm(g));
-    RETURN_IF_ERROR(side->Join());
   }
+  RETURN_IF_ERROR(side->Join());
   kernels::MlaDecodeParams p;
   p.batch = static_cast<int>(m);
   p.num_heads_q = static_cast<int>(hq_pad);
@@ -220,23 +219,24 @@ absl::Status CudaEngine::Impl::AbsorbedAttention(const DeviceLayer& L, const Ste
     sg.ld_out = heads * vd;
     sg.batch_stride_out = vd;
     RETURN_IF_ERROR(kernels::LaunchSkinnyGemm(sg, s));
+  } else {
+    GemmArgs g;
+    g.m = m;
+    g.n = vd;
+    g.k = kLatent;
+    g.trans_b = true;
+    g.a = olat.as<bf16>();
+    g.lda = hq_pad * kLatent;
+    g.stride_a = kLatent;
+    g.b = kvb.w_uv;
+    g.ldb = kLatent;
+    g.stride_b = kvb.head_stride;
+    g.c = odp;
+    g.ldc = heads * vd;
+    g.stride_c = vd;
+    g.batch = heads;
+    RETURN_IF_ERROR(blas.Gemm(g));
   }
-  g = GemmArgs{};
-  g.m = m;
-  g.n = vd;
-  g.k = kLatent;
-  g.trans_b = true;
-  g.a = olat.as<bf16>();
-  g.lda = hq_pad * kLatent;
-  g.stride_a = kLatent;
-  g.b = kvb.w_uv;
-  g.ldb = kLatent;
-  g.stride_b = kvb.head_stride;
-  g.c = odp;
-  g.ldc = heads * vd;
-  g.stride_c = vd;
-  g.batch = heads;
-  if (!skinny) RETURN_IF_ERROR(blas.Gemm(g));
   if (!P.all_decode) {
     RETURN_IF_ERROR(ScatterRows(odp, heads * vd, meta.At<int64_t>(P.o_dec), m, heads * vd,
                                 attn.as<bf16>(), heads * vd, s));

@@ -173,13 +173,7 @@ absl::Status DeviceKvPool::ImportPages(std::span<const int32_t> pages, runtime::
                                        std::span<const std::span<const uint8_t>> payloads,
                                        int64_t* done) {
   *done = 0;
-  if (pages.size() != payloads.size()) {
-    return absl::InvalidArgumentError("ImportPages: pages and payloads differ in count");
-  }
-  for (size_t i = 0; i < pages.size(); ++i) {
-    RETURN_IF_ERROR(CheckPage(pages[i]));
-    RETURN_IF_ERROR(CheckPayload(dtype, payloads[i].size()));
-  }
+  RETURN_IF_ERROR(CheckMoves("ImportPages", pages, dtype, payloads));
   std::lock_guard<std::mutex> lock(mu_);
   RETURN_IF_ERROR(EnsureBatchStaging());
   const int64_t n = static_cast<int64_t>(pages.size());
@@ -215,13 +209,7 @@ absl::Status DeviceKvPool::ExportPagesInto(std::span<const int32_t> pages,
                                            std::span<const std::span<uint8_t>> outs,
                                            int64_t* done) const {
   *done = 0;
-  if (pages.size() != outs.size()) {
-    return absl::InvalidArgumentError("ExportPagesInto: pages and buffers differ in count");
-  }
-  for (size_t i = 0; i < pages.size(); ++i) {
-    RETURN_IF_ERROR(CheckPage(pages[i]));
-    RETURN_IF_ERROR(CheckPayload(dtype, outs[i].size()));
-  }
+  RETURN_IF_ERROR(CheckMoves("ExportPagesInto", pages, dtype, outs));
   std::lock_guard<std::mutex> lock(mu_);
   RETURN_IF_ERROR(EnsureBatchStaging());
   const int64_t n = static_cast<int64_t>(pages.size());
