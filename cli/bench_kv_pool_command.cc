@@ -37,6 +37,7 @@
 #include "cli/commands.h"
 #include "common/block_format.h"
 #include "common/block_key.h"
+#include "common/scratch_dir.h"
 #include "common/strings.h"
 #if STRATA_WITH_CUDA
 #include "compute_nodes/backend/cuda/device_kv_pool.h"
@@ -84,9 +85,9 @@ ThroughCache LoadThroughCache(const Args& a, runtime::KvPool& p, std::span<const
   const BlockLayout layout =
       MakeBlockLayout(format, static_cast<uint32_t>(l.num_layers),
                       static_cast<uint32_t>(l.latent_dim), static_cast<uint32_t>(l.rope_dim));
-  const std::string work =
-      StrCat(std::filesystem::temp_directory_path().string(), "/strata-bench-kv-pool-", getpid());
-  std::filesystem::create_directories(work);
+  absl::StatusOr<ScratchDir> scratch = ScratchDir::Create("strata-bench-kv-pool-");
+  Check(scratch.status());
+  const std::string& work = scratch->path();
   const uint64_t slot = (layout.TotalBytes() + 4095) / 4096 * 4096;
   cache::CacheServerOptions so;
   so.store.data_dir = work + "/cache";
@@ -162,8 +163,6 @@ ThroughCache LoadThroughCache(const Args& a, runtime::KvPool& p, std::span<const
   for (int64_t i = 0; i < a.pages; ++i) {
     if (back[i] != payloads[i]) Fail(1, StrCat("bench kv-pool: page ", i, " loaded wrong"));
   }
-  std::error_code ec;
-  std::filesystem::remove_all(work, ec);
   return t;
 }
 

@@ -25,6 +25,7 @@
 #include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/str_format.h"
@@ -33,6 +34,7 @@
 #include "common/block_key.h"
 #include "common/checksum.h"
 #include "common/config.h"
+#include "common/scratch_dir.h"
 #include "common/strings.h"
 #include "strata/v1/cache.grpc.pb.h"
 #include "transfer/transfer_engine.h"
@@ -304,9 +306,13 @@ void RegisterBenchStoreCommand(CLI::App& app) {
     const int batch = f->batch;
     const int batches = std::max(1, f->ops / batch);  // operations per client per case
     const int nblocks = batches * batch;              // blocks per client per case
-    const std::string dir = f->dir.empty() ? StrCat(std::filesystem::temp_directory_path().string(),
-                                                    "/strata-bench-store-", getpid())
-                                           : f->dir;
+    std::optional<ScratchDir> scratch;                // without --dir: removed on every way out
+    if (f->dir.empty()) {
+      auto made = ScratchDir::Create("strata-bench-store-");
+      if (!made.ok()) Fail(1, std::string(made.status().message()));
+      scratch = std::move(*made);
+    }
+    const std::string dir = scratch ? scratch->path() : f->dir;
     std::filesystem::create_directories(dir);
     const uint64_t slot = (max_size + 4095) / 4096 * 4096;
     const uint64_t blocks = uint64_t(f->clients) * nblocks * 2 + batch + 16;
@@ -659,7 +665,6 @@ void RegisterBenchStoreCommand(CLI::App& app) {
     j["rounds"] = f->rounds;
     std::cout << "ratios: " << j["ratios"].dump() << "\n";
     if (!f->json.empty()) std::ofstream(f->json) << j.dump(2) << "\n";
-    if (f->dir.empty()) std::filesystem::remove_all(dir);
   });
 }
 

@@ -40,7 +40,7 @@ function(strata_cc_test)
   endif()
   add_executable(${ARG_NAME} ${ARG_SRCS})
   target_include_directories(${ARG_NAME} PRIVATE ${PROJECT_SOURCE_DIR})  # "tests/util/..."
-  target_link_libraries(${ARG_NAME} PRIVATE ${ARG_DEPS} GTest::gtest GTest::gmock GTest::gtest_main)
+  target_link_libraries(${ARG_NAME} PRIVATE ${ARG_DEPS} strata::test_main)
   add_test(NAME ${ARG_NAME} COMMAND ${ARG_NAME} ${ARG_ARGS})
   set_tests_properties(${ARG_NAME} PROPERTIES
     LABELS "${ARG_LABELS}"

@@ -9,9 +9,9 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -19,6 +19,7 @@
 #include "cache_service/cache_server.h"
 #include "common/block_format.h"
 #include "common/block_key.h"
+#include "common/scratch_dir.h"
 #include "common/status.h"
 #include "common/strings.h"
 #include "compute_nodes/backend/cpu/cpu_engine.h"
@@ -218,29 +219,17 @@ absl::StatusOr<std::shared_ptr<const model::ModelWeights>> BenchModel(const std:
   return std::shared_ptr<const model::ModelWeights>(std::move(weights));
 }
 
-// Removes a temp dir on every way out.
-struct DirGuard {
-  std::string dir;
-  ~DirGuard() {
-    if (!dir.empty()) {
-      std::error_code ec;
-      std::filesystem::remove_all(dir, ec);
-    }
-  }
-};
-
 }  // namespace
 
 absl::StatusOr<json> RunWorkerBench(const WorkerBenchOptions& options) {
   RETURN_IF_ERROR(Validate(options));
   const WorkerBenchOptions& o = options;
-  DirGuard temp;
-  std::string work = o.work_dir;
-  if (work.empty()) {
-    work =
-        StrCat(std::filesystem::temp_directory_path().string(), "/strata-bench-worker-", getpid());
-    temp.dir = work;
+  std::optional<ScratchDir> scratch;  // without a work dir: removed on every way out
+  if (o.work_dir.empty()) {
+    ASSIGN_OR_RETURN(ScratchDir made, ScratchDir::Create("strata-bench-worker-"));
+    scratch = std::move(made);
   }
+  const std::string work = scratch ? scratch->path() : o.work_dir;
   std::filesystem::create_directories(work);
 
   json result;
