@@ -1,7 +1,7 @@
 // strata bench kv-pool: moving cache blocks between host payloads and the CUDA backend's KV pages.
 //
 //   strata bench kv-pool [--preset v2-lite-shape] [--pages 64] [--repeats 5] [--json PATH]
-//                        [--through-cache 1] [--pool cuda|host]
+//                        [--through-cache 1] [--run-mib 32] [--pool cuda|host]
 //
 // The pool has the preset's layout (every layer of a page: a block payload of layers x 64 tokens x
 // 576 bf16, 2.0 MB for v2-lite-shape, 4.5 MB for v3 with 61 layers). Side by side, in one run:
@@ -12,12 +12,14 @@
 //     kernels read and write them in place;
 //   - through the cache (--through-cache): an in-process cache server (DRAM tier, shm on this
 //     host) holds the pages as blocks; a load is CacheClient::Fetch (lookup, read, verify) plus
-//     ImportPages, first into a fresh heap buffer per fetch, then into one reused pinned buffer
-//     (what the worker's loader does).
+//     ImportPages, first into a fresh heap buffer per fetch, then into one reused pinned buffer,
+//     each time importing after the whole fetch; then (what the worker's loader does) into the
+//     pinned buffer in runs of --run-mib, each run imported while the next one is read.
 // --pool host times the CPU backend's HostKvPool instead (its "pinned" buffer is heap memory):
 // the same code path without a GPU, for CI. GB/s = payload bytes / wall time of the call(s) that
 // move all --pages (median of --repeats). JSON ratios: kv_pool_{import,export}_batched_vs_per_page,
-// kv_pool_{import,export}_pinned_vs_ batched, kv_load_through_cache_pinned_vs_heap.
+// kv_pool_{import,export}_pinned_vs_batched, kv_load_through_cache_pinned_vs_heap,
+// kv_load_through_cache_runs_vs_whole.
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -27,6 +29,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -51,7 +54,7 @@ namespace {
 
 struct Args {
   std::string preset = "v2-lite-shape", json, pool = "cuda";
-  int64_t pages = 64, repeats = 5;
+  int64_t pages = 64, repeats = 5, run_mib = 32;
   bool through_cache = true;
 };
 
@@ -72,9 +75,10 @@ double MedianSeconds(int64_t repeats, const Fn& fn) {
   return s[s.size() / 2];
 }
 
-// Seconds (medians) of a whole cached-prefix load through an in-process cache server.
+// Seconds (medians) of a whole cached-prefix load through an in-process cache server: the fetch
+// then one ImportPages (into a heap or the pinned buffer), or each run imported as it arrives.
 struct ThroughCache {
-  double fetch_heap = 0, load_heap = 0, fetch_pinned = 0, load_pinned = 0;
+  double fetch_heap = 0, load_heap = 0, fetch_pinned = 0, load_pinned = 0, load_runs = 0;
 };
 
 ThroughCache LoadThroughCache(const Args& a, runtime::KvPool& p, std::span<const int32_t> pages,
@@ -135,28 +139,38 @@ ThroughCache LoadThroughCache(const Args& a, runtime::KvPool& p, std::span<const
     }
     return absl::StatusOr<std::shared_ptr<HostBuffer>>(reused);
   };
-  ThroughCache t;
-  auto load = [&](const cache_client::FetchBuffer& buffer, double* fetch_s, double* load_s) {
+  auto import = [&](size_t first, std::span<const cache_client::FetchedBlock> blocks) {
+    std::vector<std::span<const uint8_t>> in;
+    for (const cache_client::FetchedBlock& b : blocks) in.push_back(b.payload);
+    int64_t done = 0;
+    Check(p.ImportPages(pages.subspan(first, in.size()), runtime::PayloadDtype::kBf16, in, &done));
+    return true;
+  };
+  // One load; `fetch_s` (when set) gets the fetch's share: the import follows it.
+  auto load = [&](const cache_client::FetchOptions& options, double* load_s,
+                  double* fetch_s = nullptr) {
     std::vector<double> fetch;
     *load_s = MedianSeconds(a.repeats, [&] {
       const auto t0 = std::chrono::steady_clock::now();
-      cache_client::FetchResult r = (*client)->Fetch(ns, keys, tokens, layout, "bench", buffer);
+      cache_client::FetchResult r = (*client)->Fetch(ns, keys, tokens, layout, "bench", options);
       fetch.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
       if (static_cast<int64_t>(r.blocks.size()) != a.pages) {
         Fail(1, StrCat("bench kv-pool: fetched ", r.blocks.size(), " of ", a.pages,
                        " blocks: ", r.first_failure.ToString()));
       }
-      std::vector<std::span<const uint8_t>> in;
-      for (const cache_client::FetchedBlock& b : r.blocks) in.push_back(b.payload);
-      int64_t done = 0;
-      Check(p.ImportPages(pages, runtime::PayloadDtype::kBf16, in, &done));
+      if (!options.on_blocks) import(0, r.blocks);
     });
+    if (fetch_s == nullptr) return;
     fetch.erase(fetch.begin());  // the warm-up
     std::sort(fetch.begin(), fetch.end());
     *fetch_s = fetch[fetch.size() / 2];
   };
-  load({}, &t.fetch_heap, &t.load_heap);
-  load(pinned, &t.fetch_pinned, &t.load_pinned);
+  constexpr uint64_t kWhole = std::numeric_limits<uint64_t>::max();  // one run
+  ThroughCache t;
+  load({.run_bytes = kWhole}, &t.load_heap, &t.fetch_heap);
+  load({.buffer = pinned, .run_bytes = kWhole}, &t.load_pinned, &t.fetch_pinned);
+  load({.buffer = pinned, .on_blocks = import, .run_bytes = uint64_t(a.run_mib) << 20},
+       &t.load_runs);
   std::vector<std::vector<uint8_t>> back;
   int64_t done = 0;
   Check(p.ExportPages(pages, runtime::PayloadDtype::kBf16, &back, &done));
@@ -262,10 +276,12 @@ void Run(const Args& a) {
   if (a.through_cache) {
     std::cout << fmt::format(
         "  load through the cache (shm, fetch + verify + import): heap buffer {:.2f} GB/s "
-        "(fetch alone {:.2f}), pinned buffer {:.2f} GB/s (fetch alone {:.2f}): {:.2f}x\n",
+        "(fetch alone {:.2f}), pinned buffer {:.2f} GB/s (fetch alone {:.2f}): {:.2f}x; "
+        "{} MiB runs imported as they arrive {:.2f} GB/s: {:.2f}x\n",
         total / cached.load_heap / 1e9, total / cached.fetch_heap / 1e9,
         total / cached.load_pinned / 1e9, total / cached.fetch_pinned / 1e9,
-        cached.load_heap / cached.load_pinned);
+        cached.load_heap / cached.load_pinned, a.run_mib, total / cached.load_runs / 1e9,
+        cached.load_pinned / cached.load_runs);
   }
   if (!a.json.empty()) {
     nlohmann::json gbps = {{"import_per_page", total / import_one / 1e9},
@@ -283,7 +299,9 @@ void Run(const Args& a) {
       gbps["load_through_cache_pinned"] = total / cached.load_pinned / 1e9;
       gbps["fetch_heap"] = total / cached.fetch_heap / 1e9;
       gbps["fetch_pinned"] = total / cached.fetch_pinned / 1e9;
+      gbps["load_through_cache_runs"] = total / cached.load_runs / 1e9;
       ratios["kv_load_through_cache_pinned_vs_heap"] = cached.load_heap / cached.load_pinned;
+      ratios["kv_load_through_cache_runs_vs_whole"] = cached.load_pinned / cached.load_runs;
     }
     nlohmann::json report = {{"pool", a.pool},      {"preset", a.preset}, {"pages", a.pages},
                              {"page_bytes", bytes}, {"gbps", gbps},       {"ratios", ratios}};
@@ -310,6 +328,9 @@ void RegisterBenchKvPoolCommand(CLI::App& app) {
   cmd->add_option("--through-cache", a->through_cache,
                   "Also time loads through an in-process cache server (shm)")
       ->default_val(true);
+  cmd->add_option("--run-mib", a->run_mib, "Run size of the pipelined load through the cache")
+      ->default_val(32)
+      ->check(CLI::Range(1, 4096));
   cmd->callback([a] { Run(*a); });
 }
 

@@ -248,19 +248,33 @@ absl::StatusOr<BlockView> ParseBlock(std::span<const uint8_t> block) {
   return view;
 }
 
+namespace {
+
+absl::Status CheckPayloadSize(const BlockHeader& header, std::span<const uint8_t> payload) {
+  if (payload.size() == header.payload_bytes) return absl::OkStatus();
+  return absl::DataLossError(
+      StrCat("KV block payload is ", payload.size(), " bytes, header says ", header.payload_bytes));
+}
+
+}  // namespace
+
 absl::Status VerifyBlock(const BlockHeader& header, std::span<const uint32_t> tokens,
                          std::span<const uint8_t> payload, const BlockKey& expected_key,
                          std::span<const uint32_t> expected_tokens) {
-  if (payload.size() != header.payload_bytes) {
-    return absl::DataLossError(StrCat("KV block payload is ", payload.size(),
-                                      " bytes, header says ", header.payload_bytes));
-  }
+  RETURN_IF_ERROR(CheckPayloadSize(header, payload));
   const uint64_t sum = Checksum64(payload.data(), payload.size());
   if (sum != header.payload_checksum) {
     return absl::DataLossError(StrCat("KV block ", header.key.Hex(),
                                       ": payload checksum mismatch (stored ",
                                       header.payload_checksum, ", computed ", sum, ")"));
   }
+  return VerifyBlockIdentity(header, tokens, payload, expected_key, expected_tokens);
+}
+
+absl::Status VerifyBlockIdentity(const BlockHeader& header, std::span<const uint32_t> tokens,
+                                 std::span<const uint8_t> payload, const BlockKey& expected_key,
+                                 std::span<const uint32_t> expected_tokens) {
+  RETURN_IF_ERROR(CheckPayloadSize(header, payload));
   if (tokens.size() != header.layout.block_tokens) {
     return absl::DataLossError(StrCat("KV block carries ", tokens.size(), " tokens, header says ",
                                       header.layout.block_tokens));

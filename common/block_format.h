@@ -126,6 +126,13 @@ absl::Status VerifyBlock(const BlockHeader& header, std::span<const uint32_t> to
                          std::span<const uint8_t> payload, const BlockKey& expected_key,
                          std::span<const uint32_t> expected_tokens);
 
+// VerifyBlock without hashing the payload (its size is still checked): for bytes already checked
+// against the checksum the cache server verified at commit (a read the transfer engine checks in
+// transit), where a second pass over megabytes would only re-prove what the writer encoded.
+absl::Status VerifyBlockIdentity(const BlockHeader& header, std::span<const uint32_t> tokens,
+                                 std::span<const uint8_t> payload, const BlockKey& expected_key,
+                                 std::span<const uint32_t> expected_tokens);
+
 // True for the status VerifyBlock returns when an intact block is not the one asked for.
 bool IsBlockIdentityMismatch(const absl::Status& status);
 

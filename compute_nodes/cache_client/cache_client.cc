@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <future>
 #include <utility>
 
 #include "common/checksum.h"
@@ -151,7 +152,7 @@ std::shared_ptr<transfer::Batch> RunBatch(transfer::TransferEngine& engine, tran
   return batch;
 }
 
-// One fetched block, parsed and verified against the key and tokens asked for.
+// One fetched block, parsed and checked against the key and tokens asked for.
 struct CheckedBlock {
   absl::Status status;    // the message starts with ": " or " was ..." (after the key)
   bool identity = false;  // an intact block that is not the one asked for
@@ -168,7 +169,10 @@ CheckedBlock CheckBlock(std::span<const uint8_t> bytes, const BlockLayout& layou
   if (!SameLayout(view->header.layout, layout)) {
     return {absl::NotFoundError(" was stored with another layout"), true};
   }
-  if (absl::Status v = VerifyBlock(view->header, view->tokens, view->payload, key, expected_tokens);
+  // The bytes are what the server holds: the engine checked the read against the checksum the
+  // server verified at commit. So only the identity is checked here, not the payload's hash.
+  if (absl::Status v =
+          VerifyBlockIdentity(view->header, view->tokens, view->payload, key, expected_tokens);
       !v.ok()) {
     return {absl::Status(v.code(), StrCat(": ", v.message())), IsBlockIdentityMismatch(v)};
   }
@@ -372,7 +376,7 @@ absl::StatusOr<std::unique_ptr<CacheClient>> CacheClient::Connect(CacheClientOpt
 
 FetchResult CacheClient::Fetch(const Namespace& ns, std::span<const BlockKey> keys,
                                std::span<const uint32_t> tokens, const BlockLayout& layout,
-                               const std::string& request_id, const FetchBuffer& fetch_buffer) {
+                               const std::string& request_id, const FetchOptions& options) {
   Impl& im = *impl_;
   FetchResult out;
   bool identity = false;
@@ -452,14 +456,17 @@ FetchResult CacheClient::Fetch(const Namespace& ns, std::span<const BlockKey> ke
     }
   }
 
-  // 3. One batch of reads, each checked in transit against the stored checksum.
+  // 3. The reads, in runs of about options.run_bytes, each read checked in transit against the
+  // stored checksum. Run k + 1 is read on a helper thread while run k is verified (on up to 8
+  // threads: each check hashes megabytes) and handed to on_blocks, in order; the first block
+  // that fails ends the prefix, and no later run is read.
   if (readable > 0) {
     std::shared_ptr<const DataPath> path = im.Path();
     const Clock::time_point transfer_start = Clock::now();
     const size_t bytes = readable * block_bytes;
     std::shared_ptr<HostBuffer> buffer;
-    if (fetch_buffer) {
-      absl::StatusOr<std::shared_ptr<HostBuffer>> given = fetch_buffer(bytes);
+    if (options.buffer) {
+      absl::StatusOr<std::shared_ptr<HostBuffer>> given = options.buffer(bytes);
       if (given.ok() && *given != nullptr && (*given)->size() >= bytes) {
         buffer = *std::move(given);
       } else {
@@ -470,18 +477,21 @@ FetchResult CacheClient::Fetch(const Namespace& ns, std::span<const BlockKey> ke
     }
     if (buffer == nullptr) buffer = HostBuffer::Allocate(bytes);
     out.buffer = buffer;
-    auto read_all = [&] {
+    const size_t run_blocks =
+        static_cast<size_t>(std::clamp<uint64_t>(options.run_bytes / block_bytes, 1, readable));
+    auto read_run = [&im, &lresp, buffer, block_bytes](const DataPath& p, size_t begin,
+                                                       size_t end) {
       std::vector<transfer::TransferOp> reads;
-      reads.reserve(readable);
-      for (size_t i = 0; i < readable; ++i) {
+      reads.reserve(end - begin);
+      for (size_t i = begin; i < end; ++i) {
         const v1::BlockLocation& loc = lresp.locations(static_cast<int>(i));
         reads.push_back(BlockOp(transfer::OpKind::kRead, buffer->data() + i * block_bytes, loc,
                                 block_bytes, loc.checksum()));
       }
-      return RunBatch(*im.engine, *path->peer, std::move(reads), im.options.transfer_timeout,
-                      buffer);
+      return RunBatch(*im.engine, *p.peer, std::move(reads), im.options.transfer_timeout, buffer);
     };
-    auto batch = read_all();
+    size_t begin = 0, end = run_blocks;
+    std::shared_ptr<transfer::Batch> batch = read_run(*path, begin, end);
     if (absl::Status first = batch->status(0);
         (absl::IsUnavailable(first) && first.message() != "pending") || absl::IsDataLoss(first)) {
       // The server answered the Lookup but its data path is gone: it restarted (new transfer
@@ -492,48 +502,75 @@ FetchResult CacheClient::Fetch(const Namespace& ns, std::span<const BlockKey> ke
       std::shared_ptr<const DataPath> fresh = im.Path(/*now=*/true);
       if (fresh != path) {
         path = std::move(fresh);
-        batch = read_all();
+        batch = read_run(*path, begin, end);
       }
+    }
+
+    // 4. Each run as it arrives: check its blocks, take them in order, hand them over.
+    uint64_t bytes_read = 0;
+    while (true) {
+      const size_t next_end = std::min(readable, end + run_blocks);
+      std::future<std::shared_ptr<transfer::Batch>> next;
+      if (end < readable) {
+        next = std::async(std::launch::async, [&read_run, path, end, next_end] {
+          return read_run(*path, end, next_end);
+        });
+      }
+      size_t arrived = begin;
+      while (arrived < end && batch->status(arrived - begin).ok()) ++arrived;
+      std::vector<CheckedBlock> checked(arrived - begin);
+      ForEachCopy(static_cast<int64_t>(checked.size()),
+                  static_cast<int64_t>(checked.size() * block_bytes), [&](int64_t j) {
+                    const size_t i = begin + static_cast<size_t>(j);
+                    checked[j] = CheckBlock(
+                        std::span<const uint8_t>(buffer->data() + i * block_bytes, block_bytes),
+                        layout, keys[i],
+                        tokens.subspan(i * layout.block_tokens, layout.block_tokens));
+                  });
+      bool whole = true;  // every block of the run verified
+      for (size_t i = begin; i < end && whole; ++i) {
+        if (i == arrived) {
+          absl::Status st = batch->status(i - begin);
+          if (absl::IsUnavailable(st) && st.message() == "pending") {
+            st = absl::DeadlineExceededError("read did not complete in time");
+          }
+          im.MaybeStale(st);
+          fail(absl::Status(st.code(), StrCat("reading block ", i, " (", keys[i].Hex(), ") from ",
+                                              im.options.address, ": ", st.message())));
+          whole = false;
+          break;
+        }
+        bytes_read += block_bytes;
+        if (const CheckedBlock& c = checked[i - begin]; !c.status.ok()) {
+          fail(absl::Status(c.status.code(),
+                            StrCat("block ", i, " (", keys[i].Hex(), ")", c.status.message())),
+               c.identity);
+          whole = false;
+          break;
+        }
+        // Count an SSD hit as SSD even though Lookup(promote) served it from DRAM.
+        const v1::BlockLocation& loc = lresp.locations(static_cast<int>(i));
+        const HitTier tier =
+            FromProtoTier(loc.found_in() != v1::TIER_UNSPECIFIED ? loc.found_in() : loc.tier());
+        out.blocks.push_back({.tier = tier, .payload = checked[i - begin].payload});
+        im.metrics.fetched.Labels({std::string(TierLabel(tier))}).Increment();
+      }
+      // The verified part of the run (all of it unless a block failed) goes to the caller.
+      if (out.blocks.size() > begin && options.on_blocks &&
+          !options.on_blocks(begin, std::span<const FetchedBlock>(out.blocks).subspan(begin)) &&
+          whole) {
+        fail(absl::CancelledError(StrCat("the caller stopped the fetch after ", end, " blocks")));
+        whole = false;
+      }
+      if (next.valid()) {
+        std::shared_ptr<transfer::Batch> read = next.get();  // wait for it either way
+        if (whole) batch = std::move(read);
+      }
+      if (!whole || end == readable) break;
+      begin = end;
+      end = next_end;
     }
     out.transfer_ms = MsSince(transfer_start);
-
-    // 4. Check every block that arrived (on up to 8 threads: each check hashes megabytes), then
-    // take them in order; the first bad one ends the prefix.
-    size_t arrived = 0;
-    while (arrived < readable && batch->status(arrived).ok()) ++arrived;
-    std::vector<CheckedBlock> checked(arrived);
-    ForEachCopy(
-        static_cast<int64_t>(arrived), static_cast<int64_t>(arrived * block_bytes), [&](int64_t i) {
-          checked[i] = CheckBlock(
-              std::span<const uint8_t>(buffer->data() + i * block_bytes, block_bytes), layout,
-              keys[i], tokens.subspan(i * layout.block_tokens, layout.block_tokens));
-        });
-    uint64_t bytes_read = 0;
-    for (size_t i = 0; i < readable; ++i) {
-      if (i == arrived) {
-        absl::Status st = batch->status(i);
-        if (absl::IsUnavailable(st) && st.message() == "pending") {
-          st = absl::DeadlineExceededError("read did not complete in time");
-        }
-        im.MaybeStale(st);
-        fail(absl::Status(st.code(), StrCat("reading block ", i, " (", keys[i].Hex(), ") from ",
-                                            im.options.address, ": ", st.message())));
-        break;
-      }
-      bytes_read += block_bytes;
-      if (const CheckedBlock& c = checked[i]; !c.status.ok()) {
-        fail(absl::Status(c.status.code(),
-                          StrCat("block ", i, " (", keys[i].Hex(), ")", c.status.message())),
-             c.identity);
-        break;
-      }
-      // Count an SSD hit as SSD even though Lookup(promote) served it from DRAM.
-      const v1::BlockLocation& loc = lresp.locations(static_cast<int>(i));
-      const HitTier tier =
-          FromProtoTier(loc.found_in() != v1::TIER_UNSPECIFIED ? loc.found_in() : loc.tier());
-      out.blocks.push_back({.tier = tier, .payload = checked[i].payload});
-      im.metrics.fetched.Labels({std::string(TierLabel(tier))}).Increment();
-    }
     im.metrics.bytes.Labels({"read", path->label}).Increment(static_cast<double>(bytes_read));
   }
 

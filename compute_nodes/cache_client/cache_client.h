@@ -5,6 +5,8 @@
 //   ASSIGN_OR_RETURN(auto client, CacheClient::Connect({.address = "127.0.0.1:7400", ...}));
 //   FetchResult hit = client->Fetch(ns, keys, tokens, layout, "req-1");
 //   for (const FetchedBlock& b : hit.blocks) pool.ImportPage(page, kBf16, b.payload);
+//   // or, importing each run of blocks while the next one is read:
+//   client->Fetch(ns, keys, tokens, layout, "req-1", {.on_blocks = import_run});
 //   client->SaveAsync(ns, "tenant", layout, std::move(blocks), "req-1", [](auto r) { ... });
 //
 // A fetch reads all its blocks into one host buffer (FetchResult::buffer), and each block's
@@ -13,9 +15,10 @@
 // A block to save likewise names its payload by a span and the object that owns its memory.
 //
 // What is stored under a key is a whole block in the block format (common/block_format.h):
-// header + token ids + payload. A fetched block is verified before it is returned — the
-// checksum, the token ids and the key recomputed from them — so a corrupt, truncated or foreign
-// block is never imported: the fetch stops at it and the caller recomputes from there.
+// header + token ids + payload. A fetched block is checked before it is returned — its bytes
+// against the checksum the server verified at commit (in transit), then the token ids and the key
+// recomputed from them — so a corrupt, truncated or foreign block is never imported: the fetch
+// stops at it and the caller recomputes from there.
 //
 // Failure model: Fetch never fails a request. A dead or slow server, a transfer error or a bad
 // block ends the verified prefix early and is reported in FetchResult::first_failure; the worker
@@ -87,6 +90,21 @@ struct FetchedBlock {
 // error, or a buffer that is too small, makes the fetch use heap memory instead.
 using FetchBuffer = std::function<absl::StatusOr<std::shared_ptr<HostBuffer>>(size_t bytes)>;
 
+// Takes a run of verified blocks while Fetch reads the next one: `first` is the index of
+// blocks[0] in the fetch (runs come in order, on the calling thread, and cover FetchResult::blocks
+// exactly). The payloads stay valid as long as FetchResult::buffer. Returning false stops the
+// fetch: no later block is read (first_failure says Cancelled).
+using FetchedBlocksFn = std::function<bool(size_t first, std::span<const FetchedBlock> blocks)>;
+
+struct FetchOptions {
+  FetchBuffer buffer;         // where the blocks are read to; unset: a heap buffer per fetch
+  FetchedBlocksFn on_blocks;  // unset: the blocks are only returned
+  // The blocks are read in runs of about this many bytes (at least one block): run k + 1 is read
+  // while run k is verified and handed to on_blocks, so a caller that moves blocks on (into KV
+  // pages) overlaps that with the reads.
+  uint64_t run_bytes = uint64_t{32} << 20;
+};
+
 struct FetchResult {
   int64_t hit_blocks = 0;  // what Lookup reported present (a prefix of the keys)
   // Where the blocks were read to (null when nothing was read); blocks[i].payload points into it.
@@ -99,7 +117,7 @@ struct FetchResult {
   // not remotely readable), DeadlineExceeded (too slow).
   absl::Status first_failure;
   double lookup_ms = 0;
-  double transfer_ms = 0;
+  double transfer_ms = 0;  // reading and verifying the blocks, on_blocks included
 };
 
 // One block to save: its key, its parent's key (all zero for the first block), its B tokens
@@ -142,11 +160,11 @@ class CacheClient {
   // Looks up `keys` (a chain: keys[i] is the parent of keys[i+1]), reads the longest present
   // prefix under a read lease and verifies each block against its key and its tokens
   // (`tokens` holds keys.size() · layout.block_tokens ids, block i at i·B). Stops at the first
-  // block that cannot be read or verified. `buffer`, when set, provides the host memory the
-  // blocks are read into.
+  // block that cannot be read or verified. `options` name the memory the blocks are read into
+  // and a callback that takes them run by run, while later runs are still being read.
   FetchResult Fetch(const Namespace& ns, std::span<const BlockKey> keys,
                     std::span<const uint32_t> tokens, const BlockLayout& layout,
-                    const std::string& request_id, const FetchBuffer& buffer = {});
+                    const std::string& request_id, const FetchOptions& options = {});
 
   // Reserve → write every block (encoded with its header and tokens) → Commit. Blocks must form
   // a chain in order (each one's parent is the previous one's key, or the stated parent for the

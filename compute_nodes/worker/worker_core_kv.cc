@@ -38,25 +38,30 @@ void WorkerCore::LoaderLoop() {
       const int64_t n = seq->fetch_blocks;
       const std::vector<uint32_t> tokens =
           AsU32(std::span<const int32_t>(seq->tokens).subspan(0, n * block_tokens_));
-      cache_client::FetchResult r =
-          client->Fetch(seq->spec.ns, std::span<const BlockKey>(seq->keys).subspan(0, n), tokens,
-                        layout, seq->spec.id, [this](size_t bytes) { return LoadBuffer(bytes); });
-      // Every fetched block into its page in one batched move (host copies overlap the
-      // transfers); on an error, the pages before `imported` hold their blocks.
+      // Each run of fetched blocks goes into its pages in one batched move while the cache
+      // client reads the next run; on an error, the pages before `imported` hold their blocks.
+      const std::span<const int32_t> pages(seq->pages.pages);
       std::vector<std::span<const uint8_t>> payloads;
-      payloads.reserve(r.blocks.size());
-      for (const cache_client::FetchedBlock& b : r.blocks) {
-        if (payloads.size() == seq->pages.pages.size()) break;
-        payloads.emplace_back(b.payload);
-      }
-      const absl::Status st =
-          pool.ImportPages(std::span<const int32_t>(seq->pages.pages).first(payloads.size()),
-                           runtime::PayloadDtype::kBf16, payloads, &imported);
-      if (!st.ok()) {
-        failed = true;
-        spdlog::warn("request {}: importing cached blocks into pages failed after {} of {}: {}",
-                     seq->spec.id, imported, payloads.size(), st.ToString());
-      }
+      auto import_run = [&](size_t first, std::span<const cache_client::FetchedBlock> blocks) {
+        const size_t fit = std::min(blocks.size(), pages.size() - std::min(pages.size(), first));
+        payloads.clear();
+        for (size_t i = 0; i < fit; ++i) payloads.push_back(blocks[i].payload);
+        int64_t done = 0;
+        const absl::Status st = pool.ImportPages(pages.subspan(first, fit),
+                                                 runtime::PayloadDtype::kBf16, payloads, &done);
+        imported += done;
+        if (!st.ok()) {
+          failed = true;
+          spdlog::warn("request {}: importing cached blocks into pages failed after {}: {}",
+                       seq->spec.id, imported, st.ToString());
+          return false;
+        }
+        return fit == blocks.size();
+      };
+      cache_client::FetchResult r = client->Fetch(
+          seq->spec.ns, std::span<const BlockKey>(seq->keys).subspan(0, n), tokens, layout,
+          seq->spec.id,
+          {.buffer = [this](size_t bytes) { return LoadBuffer(bytes); }, .on_blocks = import_run});
       for (int64_t i = 0; i < imported; ++i) {
         const cache_client::FetchedBlock& b = r.blocks[i];
         int64_t* tier = remote                                  ? &counts.remote
@@ -66,7 +71,7 @@ void WorkerCore::LoaderLoop() {
         *tier += block_tokens_;
         counts.total += block_tokens_;
       }
-      if (!r.first_failure.ok()) {
+      if (!r.first_failure.ok() && !failed) {
         failed = true;
         spdlog::warn("request {}: fetched {} of {} cached blocks ({}); recomputing the rest",
                      seq->spec.id, imported, r.hit_blocks, r.first_failure.ToString());

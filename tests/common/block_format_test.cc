@@ -277,6 +277,40 @@ TEST(BlockFormat, WrongKeyOrTokensOrForgedKeyIsAMiss) {
   EXPECT_TRUE(IsBlockIdentityMismatch(s)) << s;
 }
 
+// VerifyBlockIdentity is VerifyBlock less the payload's hash (for bytes checked in transit).
+TEST(BlockFormat, TheIdentityCheckSkipsOnlyThePayloadHash) {
+  Fixture f;
+  std::vector<uint8_t> flipped = f.block;
+  flipped[f.layout.PayloadOffsetInBlock() + 7] ^= 0x10;
+  auto view = ParseBlock(flipped);
+  ASSERT_TRUE(view.ok());
+  EXPECT_TRUE(VerifyBlockIdentity(view->header, view->tokens, view->payload, f.key, f.tokens).ok());
+  EXPECT_TRUE(
+      absl::IsDataLoss(VerifyBlock(view->header, view->tokens, view->payload, f.key, f.tokens)));
+  EXPECT_TRUE(absl::IsDataLoss(
+      VerifyBlockIdentity(view->header, view->tokens, view->payload.first(10), f.key, f.tokens)));
+
+  std::vector<uint8_t> bad_token = f.block;
+  bad_token[kBlockHeaderBytes + 4 * 5] ^= 0x01;
+  auto tview = ParseBlock(bad_token);
+  ASSERT_TRUE(tview.ok());
+  EXPECT_TRUE(IsBlockIdentityMismatch(
+      VerifyBlockIdentity(tview->header, tview->tokens, tview->payload, f.key, f.tokens)));
+  BlockKey other = f.key;
+  other.bytes[3] ^= 1;
+  auto good = ParseBlock(f.block);
+  ASSERT_TRUE(good.ok());
+  EXPECT_TRUE(IsBlockIdentityMismatch(
+      VerifyBlockIdentity(good->header, good->tokens, good->payload, other, f.tokens)));
+  const std::vector<uint32_t> forged_tokens = TestTokens(16, 3);
+  auto forged = EncodeBlock(f.layout, f.key, f.parent, f.ns, forged_tokens, f.payload);
+  ASSERT_TRUE(forged.ok());
+  auto fview = ParseBlock(*forged);
+  ASSERT_TRUE(fview.ok());
+  EXPECT_TRUE(IsBlockIdentityMismatch(
+      VerifyBlockIdentity(fview->header, fview->tokens, fview->payload, f.key, forged_tokens)));
+}
+
 TEST(BlockFormat, EncodeBlockRefusesMismatchedInputs) {
   Fixture f;
   EXPECT_TRUE(absl::IsInvalidArgument(

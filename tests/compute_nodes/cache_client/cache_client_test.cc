@@ -196,11 +196,11 @@ TEST_F(CacheClientTest, FetchReadsIntoTheCallersBuffer) {
     size_t asked = 0;
     const FetchResult r =
         client->Fetch(ns, c.keys, c.tokens, Layout(), "req",
-                      [&](size_t bytes) -> absl::StatusOr<std::shared_ptr<HostBuffer>> {
+                      {.buffer = [&](size_t bytes) -> absl::StatusOr<std::shared_ptr<HostBuffer>> {
                         asked = bytes;
                         given = HostBuffer::Allocate(bytes + 4096);
                         return given;
-                      });
+                      }});
     ExpectPayloads(r, c, 3);
     EXPECT_EQ(asked, 3 * Layout().TotalBytes());
     EXPECT_EQ(r.buffer, given);
@@ -212,13 +212,13 @@ TEST_F(CacheClientTest, FetchReadsIntoTheCallersBuffer) {
     // A provider that fails, or gives too little, leaves the fetch on heap memory.
     for (const bool fails : {true, false}) {
       std::shared_ptr<HostBuffer> small;
-      const FetchResult h =
-          client->Fetch(ns, c.keys, c.tokens, Layout(), "req",
-                        [&](size_t bytes) -> absl::StatusOr<std::shared_ptr<HostBuffer>> {
-                          if (fails) return absl::ResourceExhaustedError("no pinned memory");
-                          small = HostBuffer::Allocate(bytes - 1);
-                          return small;
-                        });
+      const FetchResult h = client->Fetch(
+          ns, c.keys, c.tokens, Layout(), "req",
+          {.buffer = [&](size_t bytes) -> absl::StatusOr<std::shared_ptr<HostBuffer>> {
+            if (fails) return absl::ResourceExhaustedError("no pinned memory");
+            small = HostBuffer::Allocate(bytes - 1);
+            return small;
+          }});
       ExpectPayloads(h, c, 3);
       ASSERT_NE(h.buffer, nullptr);
       EXPECT_NE(h.buffer, small);
@@ -347,6 +347,101 @@ TEST_F(CacheClientTest, AForeignBlockEndsThePrefixAsAnIdentityMismatch) {
   EXPECT_EQ(g.hit_blocks, 1);
   EXPECT_TRUE(g.blocks.empty());
   EXPECT_TRUE(absl::IsDataLoss(g.first_failure)) << g.first_failure;
+}
+
+// Every (first, count) on_blocks was called with, and whether its spans are the result's.
+struct Runs {
+  std::vector<std::pair<size_t, size_t>> seen;
+  std::vector<const uint8_t*> payloads;  // in the order handed over
+  size_t stop_after = SIZE_MAX;          // runs to accept before returning false
+
+  FetchedBlocksFn Fn() {
+    return [this](size_t first, std::span<const FetchedBlock> blocks) {
+      seen.emplace_back(first, blocks.size());
+      for (const FetchedBlock& b : blocks) payloads.push_back(b.payload.data());
+      return seen.size() < stop_after;
+    };
+  }
+  void ExpectCover(const FetchResult& r) const {
+    ASSERT_EQ(payloads.size(), r.blocks.size());
+    for (size_t i = 0; i < r.blocks.size(); ++i) EXPECT_EQ(payloads[i], r.blocks[i].payload.data());
+  }
+};
+
+TEST_F(CacheClientTest, FetchHandsOverRunsOfBlocksInOrder) {
+  const uint64_t block = Layout().TotalBytes();
+  for (const TransportKind kind : {TransportKind::kTcp, TransportKind::kShm}) {
+    SCOPED_TRACE(std::string(transfer::TransportKindName(kind)));
+    auto client = Connect(Options(kind));
+    ASSERT_NE(client, nullptr);
+    const Namespace ns = Ns(std::string("runs-") + std::string(transfer::TransportKindName(kind)));
+    const Chain c = MakeChain(ns, 10, 41);
+    ASSERT_TRUE(client->Save(ns, "t", Layout(), c.blocks, "req").ok());
+
+    // Runs of three blocks (a run size that is not a multiple of the block rounds down).
+    Runs threes;
+    const FetchResult r = client->Fetch(ns, c.keys, c.tokens, Layout(), "req",
+                                        {.on_blocks = threes.Fn(), .run_bytes = 3 * block + 100});
+    EXPECT_TRUE(r.first_failure.ok()) << r.first_failure;
+    ExpectPayloads(r, c, 10);
+    EXPECT_EQ(threes.seen,
+              (std::vector<std::pair<size_t, size_t>>{{0, 3}, {3, 3}, {6, 3}, {9, 1}}));
+    threes.ExpectCover(r);
+
+    // A run size below one block reads block by block; the default is one run here.
+    Runs ones, whole;
+    ExpectPayloads(client->Fetch(ns, c.keys, c.tokens, Layout(), "req",
+                                 {.on_blocks = ones.Fn(), .run_bytes = 1}),
+                   c, 10);
+    EXPECT_EQ(ones.seen.size(), 10u);
+    ExpectPayloads(client->Fetch(ns, c.keys, c.tokens, Layout(), "req", {.on_blocks = whole.Fn()}),
+                   c, 10);
+    EXPECT_EQ(whole.seen, (std::vector<std::pair<size_t, size_t>>{{0, 10}}));
+    EXPECT_EQ(ActiveLeases(), 0u);
+  }
+}
+
+TEST_F(CacheClientTest, ACallerThatStopsTheFetchGetsNoMoreBlocks) {
+  auto client = Connect(Options(TransportKind::kShm));
+  ASSERT_NE(client, nullptr);
+  const Namespace ns = Ns("stop");
+  const Chain c = MakeChain(ns, 8, 43);
+  ASSERT_TRUE(client->Save(ns, "t", Layout(), c.blocks, "req").ok());
+  Runs runs;
+  runs.stop_after = 2;
+  const FetchResult r =
+      client->Fetch(ns, c.keys, c.tokens, Layout(), "req",
+                    {.on_blocks = runs.Fn(), .run_bytes = 2 * Layout().TotalBytes()});
+  EXPECT_EQ(r.hit_blocks, 8);
+  EXPECT_TRUE(absl::IsCancelled(r.first_failure)) << r.first_failure;
+  ExpectPayloads(r, c, 4);
+  EXPECT_EQ(runs.seen, (std::vector<std::pair<size_t, size_t>>{{0, 2}, {2, 2}}));
+  runs.ExpectCover(r);
+  EXPECT_EQ(ActiveLeases(), 0u);
+}
+
+TEST_F(CacheClientTest, ABadBlockInALaterRunEndsThePrefixThere) {
+  auto client = Connect(Options(TransportKind::kShm));
+  ASSERT_NE(client, nullptr);
+  const Namespace ns = Ns("bad-run");
+  const Chain c = MakeChain(ns, 8, 47);
+  ASSERT_TRUE(client->Save(ns, "t", Layout(), Prefix(c, 5), "req").ok());
+  std::vector<uint8_t> garbage(Layout().TotalBytes(), 0x5a);  // block 5: not a block at all
+  PutRaw(server_->store(), ns, c.keys[5], c.keys[4], garbage);
+  ASSERT_TRUE(client->Save(ns, "t", Layout(), {c.blocks[6], c.blocks[7]}, "req").ok());
+
+  Runs runs;
+  const FetchResult r =
+      client->Fetch(ns, c.keys, c.tokens, Layout(), "req",
+                    {.on_blocks = runs.Fn(), .run_bytes = 2 * Layout().TotalBytes()});
+  EXPECT_EQ(r.hit_blocks, 8);
+  EXPECT_TRUE(absl::IsDataLoss(r.first_failure)) << r.first_failure;
+  EXPECT_NE(r.first_failure.message().find("block 5"), std::string::npos) << r.first_failure;
+  ExpectPayloads(r, c, 5);
+  // The run holding block 5 is handed over up to it; nothing after it is handed over.
+  EXPECT_EQ(runs.seen, (std::vector<std::pair<size_t, size_t>>{{0, 2}, {2, 2}, {4, 1}}));
+  runs.ExpectCover(r);
+  EXPECT_EQ(ActiveLeases(), 0u);
 }
 
 TEST_F(CacheClientTest, CorruptReadsAreCaughtAndTheServerStillServesOthers) {
