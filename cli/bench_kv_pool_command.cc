@@ -13,13 +13,15 @@
 //   - through the cache (--through-cache): an in-process cache server (DRAM tier, shm on this
 //     host) holds the pages as blocks; a load is CacheClient::Fetch (lookup, read, verify) plus
 //     ImportPages, first into a fresh heap buffer per fetch, then into one reused pinned buffer,
-//     each time importing after the whole fetch; then (what the worker's loader does) into the
-//     pinned buffer in runs of --run-mib, each run imported while the next one is read.
+//     each time importing after the whole fetch; then into the pinned buffer in runs of
+//     --run-mib, each run imported while the next one is read; then (what the worker's loader
+//     does) the same with the blocks read in place from the server's arena when the pool takes
+//     them from there (KvPool::ReadsInPlace: the host pool does, the device pool not yet).
 // --pool host times the CPU backend's HostKvPool instead (its "pinned" buffer is heap memory):
 // the same code path without a GPU, for CI. GB/s = payload bytes / wall time of the call(s) that
 // move all --pages (median of --repeats). JSON ratios: kv_pool_{import,export}_batched_vs_per_page,
 // kv_pool_{import,export}_pinned_vs_batched, kv_load_through_cache_pinned_vs_heap,
-// kv_load_through_cache_runs_vs_whole.
+// kv_load_through_cache_runs_vs_whole, kv_load_through_cache_in_place_vs_runs.
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -79,6 +81,8 @@ double MedianSeconds(int64_t repeats, const Fn& fn) {
 // then one ImportPages (into a heap or the pinned buffer), or each run imported as it arrives.
 struct ThroughCache {
   double fetch_heap = 0, load_heap = 0, fetch_pinned = 0, load_pinned = 0, load_runs = 0;
+  double load_in_place = 0;
+  bool in_place = false;  // the pool took the blocks from the server's arena (else: copies)
 };
 
 ThroughCache LoadThroughCache(const Args& a, runtime::KvPool& p, std::span<const int32_t> pages,
@@ -169,8 +173,18 @@ ThroughCache LoadThroughCache(const Args& a, runtime::KvPool& p, std::span<const
   ThroughCache t;
   load({.run_bytes = kWhole}, &t.load_heap, &t.fetch_heap);
   load({.buffer = pinned, .run_bytes = kWhole}, &t.load_pinned, &t.fetch_pinned);
-  load({.buffer = pinned, .on_blocks = import, .run_bytes = uint64_t(a.run_mib) << 20},
-       &t.load_runs);
+  const uint64_t run_bytes = uint64_t(a.run_mib) << 20;
+  load({.buffer = pinned, .on_blocks = import, .run_bytes = run_bytes}, &t.load_runs);
+  // Last, so that the pages checked below hold what it loaded.
+  load({.buffer = pinned,
+        .on_blocks = import,
+        .in_place =
+            [&](std::span<const uint8_t> region, const std::shared_ptr<const void>& owner) {
+              t.in_place = p.ReadsInPlace(region, owner);
+              return t.in_place;
+            },
+        .run_bytes = run_bytes},
+       &t.load_in_place);
   std::vector<std::vector<uint8_t>> back;
   int64_t done = 0;
   Check(p.ExportPages(pages, runtime::PayloadDtype::kBf16, &back, &done));
@@ -277,11 +291,14 @@ void Run(const Args& a) {
     std::cout << fmt::format(
         "  load through the cache (shm, fetch + verify + import): heap buffer {:.2f} GB/s "
         "(fetch alone {:.2f}), pinned buffer {:.2f} GB/s (fetch alone {:.2f}): {:.2f}x; "
-        "{} MiB runs imported as they arrive {:.2f} GB/s: {:.2f}x\n",
+        "{} MiB runs imported as they arrive {:.2f} GB/s: {:.2f}x; the same {} {:.2f} GB/s: "
+        "{:.2f}x\n",
         total / cached.load_heap / 1e9, total / cached.fetch_heap / 1e9,
         total / cached.load_pinned / 1e9, total / cached.fetch_pinned / 1e9,
         cached.load_heap / cached.load_pinned, a.run_mib, total / cached.load_runs / 1e9,
-        cached.load_pinned / cached.load_runs);
+        cached.load_pinned / cached.load_runs,
+        cached.in_place ? "read in place from the arena" : "with reads in place declined (copies)",
+        total / cached.load_in_place / 1e9, cached.load_runs / cached.load_in_place);
   }
   if (!a.json.empty()) {
     nlohmann::json gbps = {{"import_per_page", total / import_one / 1e9},
@@ -300,8 +317,10 @@ void Run(const Args& a) {
       gbps["fetch_heap"] = total / cached.fetch_heap / 1e9;
       gbps["fetch_pinned"] = total / cached.fetch_pinned / 1e9;
       gbps["load_through_cache_runs"] = total / cached.load_runs / 1e9;
+      gbps["load_through_cache_in_place"] = total / cached.load_in_place / 1e9;
       ratios["kv_load_through_cache_pinned_vs_heap"] = cached.load_heap / cached.load_pinned;
       ratios["kv_load_through_cache_runs_vs_whole"] = cached.load_pinned / cached.load_runs;
+      ratios["kv_load_through_cache_in_place_vs_runs"] = cached.load_runs / cached.load_in_place;
     }
     nlohmann::json report = {{"pool", a.pool},      {"preset", a.preset}, {"pages", a.pages},
                              {"page_bytes", bytes}, {"gbps", gbps},       {"ratios", ratios}};

@@ -3,6 +3,7 @@
 #include <thread>
 
 #include "common/checksum.h"
+#include "common/parallel_copy.h"
 #include "common/status.h"
 #include "common/strings.h"
 #include "spdlog/spdlog.h"
@@ -350,6 +351,36 @@ std::shared_ptr<Batch> TransferEngine::Submit(Peer& peer, std::vector<TransferOp
         BatchCompleter::Complete(batch, *checks, index[j], status);
       });
   return batch;
+}
+
+std::vector<absl::StatusOr<MappedBytes>> TransferEngine::MapReads(Peer& peer,
+                                                                  std::span<const TransferOp> ops,
+                                                                  absl::Duration timeout) {
+  auto& impl = static_cast<PeerImpl&>(peer);
+  if (!impl.capabilities().maps_peer_memory) {
+    return std::vector<absl::StatusOr<MappedBytes>>(
+        ops.size(), absl::UnimplementedError(StrCat(TransportKindName(impl.transport()),
+                                                    " copies reads; it does not map the peer")));
+  }
+  const absl::Time deadline = absl::Now() + timeout;
+  std::vector<absl::StatusOr<MappedBytes>> out(ops.size(), absl::UnknownError("not mapped"));
+  int64_t bytes = 0;
+  for (const TransferOp& op : ops) bytes += static_cast<int64_t>(op.length);
+  ForEachCopy(static_cast<int64_t>(ops.size()), bytes, [&](int64_t i) {
+    const TransferOp& op = ops[i];
+    if (op.op != OpKind::kRead) {
+      out[i] = absl::InvalidArgumentError("MapReads takes reads only");
+      return;
+    }
+    out[i] = impl.channel().MapRead({.op = OpKind::kRead,
+                                     .segment = op.segment,
+                                     .offset = op.offset,
+                                     .length = op.length,
+                                     .capability = op.capability,
+                                     .checksum = op.checksum,
+                                     .deadline = deadline});
+  });
+  return out;
 }
 
 }  // namespace strata::transfer

@@ -33,6 +33,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -112,7 +113,7 @@ struct EngineOptions {
   std::optional<TransportKind> force_transport;
   int tcp_connections_per_peer = 4;
   int tcp_threads_per_peer = 4;  // receiving loop threads per peer (at most the connections)
-  bool enable_rdma = true;  // try rdma when the build and the host have it
+  bool enable_rdma = true;       // try rdma when the build and the host have it
   int rdma_qps_per_peer = 4;
   // The RDMA device; unset: rdma::OpenIbvContext() (the host's first active port). Tests pass
   // an in-process fake NIC (tests/transfer/fake_verbs.h).
@@ -149,6 +150,14 @@ class TransferEngine {
   // not resolve complete at once with the resolution error.
   std::shared_ptr<Batch> Submit(Peer& peer, std::vector<TransferOp> ops,
                                 SubmitOptions options = {});
+
+  // Reads in place from a peer whose memory this process maps (shm): each op (kRead; its local
+  // buffer unused) is checked as Submit would check it (capability, bounds, checksum hashed where
+  // the bytes are, deadline `timeout` from now) and its bytes are returned where they lie; on up
+  // to 8 threads when the ops add up to megabytes. Blocks until all are checked. Unimplemented
+  // for every op when the peer's transport copies (TransportCapabilities::maps_peer_memory).
+  std::vector<absl::StatusOr<MappedBytes>> MapReads(Peer& peer, std::span<const TransferOp> ops,
+                                                    absl::Duration timeout = absl::Seconds(10));
 
  private:
   explicit TransferEngine(EngineOptions options);

@@ -20,6 +20,10 @@ std::string_view TransportKindName(TransportKind kind) {
   return "unspecified";
 }
 
+absl::StatusOr<MappedBytes> Channel::MapRead(const TransferRequest& /*request*/) {
+  return absl::UnimplementedError("this transport copies reads; it does not map the peer's memory");
+}
+
 absl::StatusOr<TransportKind> ParseTransportKind(std::string_view name) {
   for (TransportKind k :
        {TransportKind::kShm, TransportKind::kTcp, TransportKind::kRdma, TransportKind::kCuda}) {

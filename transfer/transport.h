@@ -28,6 +28,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -91,6 +92,16 @@ struct TransportCapabilities {
   // Checks a read's bytes against TransferRequest::checksum itself, in transit (shm: while
   // copying; cuda: where the bytes are), so the engine does not hash the destination again.
   bool verifies_read_checksums = false;
+  // The peer's memory is mapped into this process: Channel::MapRead hands out reads in place.
+  bool maps_peer_memory = false;
+};
+
+// A peer's bytes, mapped into this process (Channel::MapRead): readable while `owner` lives.
+// What they hold is the peer's business: a cache server's read lease keeps a block unchanged.
+struct MappedBytes {
+  std::span<const uint8_t> bytes;
+  std::span<const uint8_t> region;  // the whole mapping `bytes` lie in (to register it once)
+  std::shared_ptr<const void> owner;
 };
 
 class Channel {
@@ -107,6 +118,12 @@ class Channel {
   // Sever every connection as if the link broke (pending requests fail with Unavailable). The
   // channel may reconnect on a later Submit. Used by the fault decorator; thread-safe.
   virtual void Disconnect() = 0;
+
+  // The bytes a read of `request` (OpKind::kRead; `local` unused) would copy, in place: after the
+  // same checks as a read (deadline, capability, bounds, the checksum hashed where the bytes are),
+  // with the same status codes. Unimplemented unless capabilities().maps_peer_memory (shm).
+  // Thread-safe.
+  virtual absl::StatusOr<MappedBytes> MapRead(const TransferRequest& request);
 };
 
 class Transport {

@@ -179,6 +179,13 @@ CheckedBlock CheckBlock(std::span<const uint8_t> bytes, const BlockLayout& layou
   return {absl::OkStatus(), false, view->payload};
 }
 
+// What the reads of one run gave: per block, OK and where its bytes are, or why not.
+struct RunRead {
+  std::vector<absl::Status> status;
+  std::vector<std::span<const uint8_t>> bytes;  // for the blocks read, in order
+  std::shared_ptr<const void> owner;            // in place: the mapping the bytes lie in
+};
+
 struct DataPath {
   std::shared_ptr<transfer::Peer> peer;
   std::string label;  // the transport: "shm" | "tcp" | "rdma"
@@ -456,44 +463,89 @@ FetchResult CacheClient::Fetch(const Namespace& ns, std::span<const BlockKey> ke
     }
   }
 
-  // 3. The reads, in runs of about options.run_bytes, each read checked in transit against the
-  // stored checksum. Run k + 1 is read on a helper thread while run k is verified (on up to 8
-  // threads: each check hashes megabytes) and handed to on_blocks, in order; the first block
-  // that fails ends the prefix, and no later run is read.
+  // 3. The reads, in runs of about options.run_bytes, each read checked against the stored
+  // checksum: in place when the data path maps the server's memory and the caller takes blocks
+  // from there (FetchOptions::in_place), else copied into one buffer. Run k + 1 is read on a
+  // helper thread while run k is checked (on up to 8 threads: each check parses megabytes) and
+  // handed to on_blocks, in order; the first block that fails ends the prefix, and no later run
+  // is handed over.
   if (readable > 0) {
     std::shared_ptr<const DataPath> path = im.Path();
     const Clock::time_point transfer_start = Clock::now();
-    const size_t bytes = readable * block_bytes;
-    std::shared_ptr<HostBuffer> buffer;
-    if (options.buffer) {
-      absl::StatusOr<std::shared_ptr<HostBuffer>> given = options.buffer(bytes);
-      if (given.ok() && *given != nullptr && (*given)->size() >= bytes) {
-        buffer = *std::move(given);
-      } else {
-        spdlog::warn("cache client: fetch {}: no {}-byte fetch buffer ({}); reading to heap memory",
-                     request_id, bytes,
-                     given.ok() ? std::string("too small") : ToStd(given.status().message()));
-      }
-    }
-    if (buffer == nullptr) buffer = HostBuffer::Allocate(bytes);
-    out.buffer = buffer;
     const size_t run_blocks =
         static_cast<size_t>(std::clamp<uint64_t>(options.run_bytes / block_bytes, 1, readable));
-    auto read_run = [&im, &lresp, buffer, block_bytes](const DataPath& p, size_t begin,
-                                                       size_t end) {
+    auto op_of = [&lresp, block_bytes](size_t i, uint8_t* local) {
+      const v1::BlockLocation& loc = lresp.locations(static_cast<int>(i));
+      return BlockOp(transfer::OpKind::kRead, local, loc, block_bytes, loc.checksum());
+    };
+    // In place or not, decided per data path: a probe of one byte finds the mapped region.
+    bool in_place = false;
+    auto decide = [&] {
+      in_place = false;
+      if (!options.in_place) return;
+      transfer::TransferOp probe = op_of(0, nullptr);
+      probe.length = 1;
+      probe.checksum.reset();
+      absl::StatusOr<transfer::MappedBytes> m =
+          std::move(im.engine->MapReads(*path->peer, {&probe, 1}, im.options.transfer_timeout)[0]);
+      in_place = m.ok() && options.in_place(m->region, m->owner);
+    };
+    std::shared_ptr<HostBuffer> buffer;  // copies only
+    auto ensure_buffer = [&] {
+      if (buffer != nullptr) return;
+      const size_t bytes = readable * block_bytes;
+      if (options.buffer) {
+        absl::StatusOr<std::shared_ptr<HostBuffer>> given = options.buffer(bytes);
+        if (given.ok() && *given != nullptr && (*given)->size() >= bytes) {
+          buffer = *std::move(given);
+        } else {
+          spdlog::warn(
+              "cache client: fetch {}: no {}-byte fetch buffer ({}); reading to heap memory",
+              request_id, bytes,
+              given.ok() ? std::string("too small") : ToStd(given.status().message()));
+        }
+      }
+      if (buffer == nullptr) buffer = HostBuffer::Allocate(bytes);
+      out.buffer = buffer;
+    };
+    // Reads blocks [begin, end) through `p`.
+    auto read_run = [&](const DataPath& p, bool mapped, size_t begin, size_t end) {
+      RunRead run;
       std::vector<transfer::TransferOp> reads;
       reads.reserve(end - begin);
       for (size_t i = begin; i < end; ++i) {
-        const v1::BlockLocation& loc = lresp.locations(static_cast<int>(i));
-        reads.push_back(BlockOp(transfer::OpKind::kRead, buffer->data() + i * block_bytes, loc,
-                                block_bytes, loc.checksum()));
+        reads.push_back(op_of(i, mapped ? nullptr : buffer->data() + i * block_bytes));
       }
-      return RunBatch(*im.engine, *p.peer, std::move(reads), im.options.transfer_timeout, buffer);
+      if (mapped) {
+        for (auto& m : im.engine->MapReads(*p.peer, reads, im.options.transfer_timeout)) {
+          run.status.push_back(m.status());
+          if (!m.ok()) continue;
+          run.bytes.push_back(m->bytes);
+          run.owner = m->owner;
+        }
+        return run;
+      }
+      std::shared_ptr<transfer::Batch> batch =
+          RunBatch(*im.engine, *p.peer, std::move(reads), im.options.transfer_timeout, buffer);
+      for (size_t i = begin; i < end; ++i) {
+        absl::Status st = batch->status(i - begin);
+        if (absl::IsUnavailable(st) && st.message() == "pending") {
+          st = absl::DeadlineExceededError("read did not complete in time");
+        }
+        run.status.push_back(std::move(st));
+        run.bytes.emplace_back(buffer->data() + i * block_bytes, block_bytes);
+      }
+      return run;
+    };
+    auto start_run = [&](size_t begin, size_t end) {
+      decide();
+      if (!in_place) ensure_buffer();
+      return read_run(*path, in_place, begin, end);
     };
     size_t begin = 0, end = run_blocks;
-    std::shared_ptr<transfer::Batch> batch = read_run(*path, begin, end);
-    if (absl::Status first = batch->status(0);
-        (absl::IsUnavailable(first) && first.message() != "pending") || absl::IsDataLoss(first)) {
+    RunRead run = start_run(begin, end);
+    if (const absl::Status& first = run.status[0];
+        absl::IsUnavailable(first) || absl::IsDataLoss(first)) {
       // The server answered the Lookup but its data path is gone: it restarted (new transfer
       // ports, a new shm arena). Over tcp that is a refused connection; over shm the old arena
       // stays mapped and readable, so it shows as bytes that fail their checksum. Re-open the
@@ -502,38 +554,35 @@ FetchResult CacheClient::Fetch(const Namespace& ns, std::span<const BlockKey> ke
       std::shared_ptr<const DataPath> fresh = im.Path(/*now=*/true);
       if (fresh != path) {
         path = std::move(fresh);
-        batch = read_run(*path, begin, end);
+        run = start_run(begin, end);
       }
     }
+    if (in_place) out.mapping = run.owner;
 
     // 4. Each run as it arrives: check its blocks, take them in order, hand them over.
     uint64_t bytes_read = 0;
     while (true) {
       const size_t next_end = std::min(readable, end + run_blocks);
-      std::future<std::shared_ptr<transfer::Batch>> next;
+      std::future<RunRead> next;
       if (end < readable) {
-        next = std::async(std::launch::async, [&read_run, path, end, next_end] {
-          return read_run(*path, end, next_end);
+        next = std::async(std::launch::async, [&read_run, path, in_place, end, next_end] {
+          return read_run(*path, in_place, end, next_end);
         });
       }
       size_t arrived = begin;
-      while (arrived < end && batch->status(arrived - begin).ok()) ++arrived;
+      while (arrived < end && run.status[arrived - begin].ok()) ++arrived;
       std::vector<CheckedBlock> checked(arrived - begin);
       ForEachCopy(static_cast<int64_t>(checked.size()),
                   static_cast<int64_t>(checked.size() * block_bytes), [&](int64_t j) {
                     const size_t i = begin + static_cast<size_t>(j);
-                    checked[j] = CheckBlock(
-                        std::span<const uint8_t>(buffer->data() + i * block_bytes, block_bytes),
-                        layout, keys[i],
-                        tokens.subspan(i * layout.block_tokens, layout.block_tokens));
+                    checked[j] =
+                        CheckBlock(run.bytes[j], layout, keys[i],
+                                   tokens.subspan(i * layout.block_tokens, layout.block_tokens));
                   });
-      bool whole = true;  // every block of the run verified
-      for (size_t i = begin; i < end && whole; ++i) {
+      bool whole = true;  // every block of the run checked out
+      for (size_t i = begin; i < end; ++i) {
         if (i == arrived) {
-          absl::Status st = batch->status(i - begin);
-          if (absl::IsUnavailable(st) && st.message() == "pending") {
-            st = absl::DeadlineExceededError("read did not complete in time");
-          }
+          const absl::Status& st = run.status[i - begin];
           im.MaybeStale(st);
           fail(absl::Status(st.code(), StrCat("reading block ", i, " (", keys[i].Hex(), ") from ",
                                               im.options.address, ": ", st.message())));
@@ -555,7 +604,7 @@ FetchResult CacheClient::Fetch(const Namespace& ns, std::span<const BlockKey> ke
         out.blocks.push_back({.tier = tier, .payload = checked[i - begin].payload});
         im.metrics.fetched.Labels({std::string(TierLabel(tier))}).Increment();
       }
-      // The verified part of the run (all of it unless a block failed) goes to the caller.
+      // The checked part of the run (all of it unless a block failed) goes to the caller.
       if (out.blocks.size() > begin && options.on_blocks &&
           !options.on_blocks(begin, std::span<const FetchedBlock>(out.blocks).subspan(begin)) &&
           whole) {
@@ -563,8 +612,8 @@ FetchResult CacheClient::Fetch(const Namespace& ns, std::span<const BlockKey> ke
         whole = false;
       }
       if (next.valid()) {
-        std::shared_ptr<transfer::Batch> read = next.get();  // wait for it either way
-        if (whole) batch = std::move(read);
+        RunRead read = next.get();  // wait for it either way
+        if (whole) run = std::move(read);
       }
       if (!whole || end == readable) break;
       begin = end;

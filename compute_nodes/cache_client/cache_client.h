@@ -96,9 +96,20 @@ using FetchBuffer = std::function<absl::StatusOr<std::shared_ptr<HostBuffer>>(si
 // fetch: no later block is read (first_failure says Cancelled).
 using FetchedBlocksFn = std::function<bool(size_t first, std::span<const FetchedBlock> blocks)>;
 
+// Whether the caller takes payloads straight from `region`, the server's memory as this process
+// maps it (shm), keeping `owner` if it needs the mapping beyond the fetch (e.g. registered with
+// CUDA). Asked once per fetch, before any block is read.
+using InPlaceFn =
+    std::function<bool(std::span<const uint8_t> region, const std::shared_ptr<const void>& owner)>;
+
 struct FetchOptions {
-  FetchBuffer buffer;         // where the blocks are read to; unset: a heap buffer per fetch
+  FetchBuffer buffer;         // where the blocks are copied to; unset: a heap buffer per fetch
   FetchedBlocksFn on_blocks;  // unset: the blocks are only returned
+  // Set, and the data path maps the server's memory: no copy. Each block is checked where it
+  // lies (its checksum hashed in place) and its payload points into the server's memory, which
+  // the read lease keeps unchanged only until Fetch returns: consume the payloads in on_blocks.
+  // Unset, declined or not mappable (tcp, rdma): the blocks are copied into `buffer`.
+  InPlaceFn in_place;
   // The blocks are read in runs of about this many bytes (at least one block): run k + 1 is read
   // while run k is verified and handed to on_blocks, so a caller that moves blocks on (into KV
   // pages) overlaps that with the reads.
@@ -107,8 +118,11 @@ struct FetchOptions {
 
 struct FetchResult {
   int64_t hit_blocks = 0;  // what Lookup reported present (a prefix of the keys)
-  // Where the blocks were read to (null when nothing was read); blocks[i].payload points into it.
+  // Where the blocks were copied to (null when nothing was copied); blocks[i].payload points
+  // into it, or, when the fetch read in place, into `mapping` (the server's memory: valid to
+  // read while this result lives, but what it holds may change once Fetch has returned).
   std::shared_ptr<HostBuffer> buffer;
+  std::shared_ptr<const void> mapping;
   std::vector<FetchedBlock> blocks;  // verified, in key order: blocks.size() <= hit_blocks
   // Why blocks.size() < hit_blocks (OK when equal). Also set when the Lookup itself failed
   // (hit_blocks 0: Unavailable / DeadlineExceeded) or the arguments were bad (InvalidArgument).

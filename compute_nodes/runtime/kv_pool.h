@@ -88,6 +88,17 @@ class KvPool {
   // ResourceExhausted when the memory cannot be had.
   virtual absl::StatusOr<std::shared_ptr<HostBuffer>> AllocateHostBuffer(size_t bytes) const;
 
+  // Whether imports should read payloads that lie in `region` (host memory another process
+  // shares, e.g. a cache server's shm arena) straight from there rather than from a copy: the
+  // host pool reads any host memory at memcpy speed, so yes. The device pool says no for now:
+  // its kernels read host memory in place only when it is pinned and mapped for the GPU, and it
+  // does not register foreign memory (cudaHostRegister) yet, so a copy into its pinned buffer is
+  // faster. `owner` keeps the region mapped, for a pool that holds on to it.
+  virtual bool ReadsInPlace(std::span<const uint8_t> /*region*/,
+                            const std::shared_ptr<const void>& /*owner*/) {
+    return false;
+  }
+
  protected:
   absl::Status CheckPage(int32_t page) const;
   absl::Status CheckPayload(PayloadDtype dtype, size_t bytes) const;
@@ -134,6 +145,10 @@ class HostKvPool final : public KvPool {
                               std::span<uint8_t> out) const override;
   absl::Status ImportPage(int32_t page, PayloadDtype dtype,
                           std::span<const uint8_t> payload) override;
+  bool ReadsInPlace(std::span<const uint8_t> /*region*/,
+                    const std::shared_ptr<const void>& /*owner*/) override {
+    return true;
+  }
 
  private:
   KvPrecision precision_;

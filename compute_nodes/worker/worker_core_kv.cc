@@ -40,6 +40,7 @@ void WorkerCore::LoaderLoop() {
           AsU32(std::span<const int32_t>(seq->tokens).subspan(0, n * block_tokens_));
       // Each run of fetched blocks goes into its pages in one batched move while the cache
       // client reads the next run; on an error, the pages before `imported` hold their blocks.
+      // Blocks come from the server's shm arena itself when the pool reads it in place.
       const std::span<const int32_t> pages(seq->pages.pages);
       std::vector<std::span<const uint8_t>> payloads;
       auto import_run = [&](size_t first, std::span<const cache_client::FetchedBlock> blocks) {
@@ -61,7 +62,12 @@ void WorkerCore::LoaderLoop() {
       cache_client::FetchResult r = client->Fetch(
           seq->spec.ns, std::span<const BlockKey>(seq->keys).subspan(0, n), tokens, layout,
           seq->spec.id,
-          {.buffer = [this](size_t bytes) { return LoadBuffer(bytes); }, .on_blocks = import_run});
+          {.buffer = [this](size_t bytes) { return LoadBuffer(bytes); },
+           .on_blocks = import_run,
+           .in_place =
+               [&pool](std::span<const uint8_t> region, const std::shared_ptr<const void>& owner) {
+                 return pool.ReadsInPlace(region, owner);
+               }});
       for (int64_t i = 0; i < imported; ++i) {
         const cache_client::FetchedBlock& b = r.blocks[i];
         int64_t* tier = remote                                  ? &counts.remote

@@ -28,10 +28,10 @@ TEST(BenchKvPoolTest, HostPoolRunsEveryMoveAndReportsIt) {
   const nlohmann::json j = nlohmann::json::parse(in);
   EXPECT_EQ(j["pool"], "host");
   EXPECT_EQ(j["pages"], 11);
-  for (const char* k : {"import_per_page", "import_batched", "import_pinned", "export_per_page",
-                        "export_batched", "export_pinned", "load_through_cache_heap",
-                        "load_through_cache_pinned", "load_through_cache_runs", "fetch_heap",
-                        "fetch_pinned"}) {
+  for (const char* k :
+       {"import_per_page", "import_batched", "import_pinned", "export_per_page", "export_batched",
+        "export_pinned", "load_through_cache_heap", "load_through_cache_pinned",
+        "load_through_cache_runs", "load_through_cache_in_place", "fetch_heap", "fetch_pinned"}) {
     ASSERT_TRUE(j["gbps"].contains(k)) << k;
     EXPECT_GT(j["gbps"][k].get<double>(), 0) << k;
   }
@@ -45,6 +45,9 @@ TEST(BenchKvPoolTest, HostPoolRunsEveryMoveAndReportsIt) {
   EXPECT_NEAR(j["ratios"]["kv_load_through_cache_runs_vs_whole"].get<double>(), runs / pinned,
               1e-9 * runs / pinned);
   EXPECT_NE(r.output.find("1 MiB runs imported as they arrive"), std::string::npos) << r.output;
+  // The host pool takes blocks from the server's arena (and the pages it loaded are checked).
+  EXPECT_NE(r.output.find("read in place from the arena"), std::string::npos) << r.output;
+  EXPECT_GT(j["ratios"]["kv_load_through_cache_in_place_vs_runs"].get<double>(), 0);
 }
 
 TEST(BenchKvPoolTest, AnUnknownPoolIsRefused) {

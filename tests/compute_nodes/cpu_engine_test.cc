@@ -6,9 +6,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
+#include <random>
 
 #include "compute_nodes/model/make_random.h"
+#include "compute_nodes/model/safetensors.h"
 #include "compute_nodes/model/weights.h"
 #include "compute_nodes/runtime/generate.h"
 #include "compute_nodes/runtime/sampler.h"
@@ -366,6 +369,43 @@ TEST(KvPoolTest, PayloadIsLayerMajorLatentThenKPe) {
   EXPECT_EQ(pool.Latent(*other, 1)[5 * 8 + 1], 1048.0f);  // 1051 rounds to 1048 (8-bit mantissa)
   EXPECT_FALSE(pool.ImportPage(*other, runtime::PayloadDtype::kF32, bf16).ok());
   EXPECT_FALSE(pool.ExportPage(7, runtime::PayloadDtype::kF32, &payload).ok());
+}
+
+// The pool's inlined conversions are model::FloatToBf16 / Bf16ToFloat bit for bit: ties to even,
+// NaNs quiet, infinities, zeros and subnormals as they are.
+TEST(KvPoolTest, Bf16MovesConvertExactlyLikeTheModelsConversions) {
+  const runtime::KvLayout layout{/*num_layers=*/1, /*block_tokens=*/16, /*latent_dim=*/8,
+                                 /*rope_dim=*/4};
+  runtime::HostKvPool pool(layout, 2);
+  auto page = pool.Allocate();
+  ASSERT_TRUE(page.ok());
+  const int64_t n = layout.floats_per_page();
+  std::vector<uint32_t> bits = {0x00000000u, 0x80000000u, 0x7f800000u, 0xff800000u, 0x7fc00000u,
+                                0x7f800001u, 0xffbfffffu, 0x00000001u, 0x807fffffu, 0x3f808000u,
+                                0x3f818000u, 0x3f808001u, 0x7f7fffffu, 0xc0490fdbu};
+  std::mt19937 rng(5);
+  while (static_cast<int64_t>(bits.size()) < n) bits.push_back(static_cast<uint32_t>(rng()));
+  float* f = pool.Latent(*page, 0);  // the page is layer-major: latent then k_pe, contiguous
+  for (int64_t i = 0; i < n; ++i) std::memcpy(f + i, &bits[i], 4);
+  std::vector<uint8_t> bf16;
+  ASSERT_TRUE(pool.ExportPage(*page, runtime::PayloadDtype::kBf16, &bf16).ok());
+  for (int64_t i = 0; i < n; ++i) {
+    uint16_t got;
+    std::memcpy(&got, bf16.data() + 2 * i, 2);
+    float x;
+    std::memcpy(&x, &bits[i], 4);
+    ASSERT_EQ(got, model::FloatToBf16(x)) << "value " << i << " bits " << std::hex << bits[i];
+  }
+  auto other = pool.Allocate();
+  ASSERT_TRUE(other.ok());
+  ASSERT_TRUE(pool.ImportPage(*other, runtime::PayloadDtype::kBf16, bf16).ok());
+  const float* back = pool.Latent(*other, 0);
+  for (int64_t i = 0; i < n; ++i) {
+    uint16_t b;
+    std::memcpy(&b, bf16.data() + 2 * i, 2);
+    const float want = model::Bf16ToFloat(b);
+    ASSERT_EQ(std::memcmp(back + i, &want, 4), 0) << "value " << i;
+  }
 }
 
 TEST(KvPoolTest, BatchedMovesEqualPerPageMoves) {

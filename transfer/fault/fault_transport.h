@@ -54,9 +54,11 @@ class FaultInjectingTransport : public Transport {
 
   TransportKind kind() const override { return inner_->kind(); }
   // A corrupted read is altered after the inner transport verified it: the engine must check.
+  // Reads are always copies here (faults are injected into copies), never mapped in place.
   TransportCapabilities capabilities() const override {
     TransportCapabilities caps = inner_->capabilities();
     caps.verifies_read_checksums = false;
+    caps.maps_peer_memory = false;
     return caps;
   }
   absl::StatusOr<std::unique_ptr<Channel>> Connect(const PeerSpec& peer, const Endpoint& endpoint,

@@ -55,6 +55,21 @@ class ShmChannel : public Channel {
     Disconnect();
   }
 
+  absl::StatusOr<MappedBytes> MapRead(const TransferRequest& r) override {
+    if (r.op != OpKind::kRead) return absl::InvalidArgumentError("shm: MapRead of a write");
+    ASSIGN_OR_RETURN(std::shared_ptr<Mapping> m, CheckedMapping(r, Access::kRead));
+    const auto* remote = static_cast<const uint8_t*>(m->base) + r.offset;
+    if (r.checksum && Checksum64(remote, r.length) != *r.checksum) {
+      return absl::DataLossError(StrCat("shm: ", r.segment, " [", r.offset, ", +", r.length,
+                                        ") does not match its checksum"));
+    }
+    MappedBytes out;
+    out.bytes = {remote, r.length};
+    out.region = {static_cast<const uint8_t*>(m->base), m->size};
+    out.owner = std::move(m);
+    return out;
+  }
+
   void Disconnect() override {
     std::lock_guard<std::mutex> lock(mu_);
     mappings_.clear();  // in-flight copies hold their own reference
@@ -71,13 +86,12 @@ class ShmChannel : public Channel {
   }
 
  private:
-  absl::Status Execute(const TransferRequest& r) {
+  // The checks every request passes before its bytes are touched: open channel, deadline, a
+  // length, the capability, a mapping of the segment, the bounds.
+  absl::StatusOr<std::shared_ptr<Mapping>> CheckedMapping(const TransferRequest& r, Access needed) {
     if (closed_.load()) return absl::CancelledError("shm channel closed");
     if (absl::Now() >= r.deadline) return absl::DeadlineExceededError("shm: deadline passed");
-    if (r.local == nullptr || r.length == 0) {
-      return absl::InvalidArgumentError("shm: request needs a local buffer and a length");
-    }
-    const Access needed = r.op == OpKind::kRead ? Access::kRead : Access::kWrite;
+    if (r.length == 0) return absl::InvalidArgumentError("shm: request needs a length");
     if (auto st =
             VerifyCapability(options_.secret, r.capability, r.segment, r.offset, r.length, needed);
         !st.ok()) {
@@ -91,6 +105,13 @@ class ShmChannel : public Channel {
                                           ") is outside segment ", r.segment, " of ", m->size,
                                           " bytes"));
     }
+    return m;
+  }
+
+  absl::Status Execute(const TransferRequest& r) {
+    if (r.local == nullptr) return absl::InvalidArgumentError("shm: request needs a local buffer");
+    ASSIGN_OR_RETURN(std::shared_ptr<Mapping> m,
+                     CheckedMapping(r, r.op == OpKind::kRead ? Access::kRead : Access::kWrite));
     char* remote = static_cast<char*>(m->base) + r.offset;
     if (r.op == OpKind::kRead) {
       if (!r.checksum) {

@@ -6,6 +6,7 @@
 // Disconnect(). A read is a memcpy out of the mapping, a write a memcpy into it, done by the
 // submitting thread, or spread over up to 8 threads (ForEachCopy: whole requests per thread)
 // when a batch adds up to several MiB; Submit() completes every request before it returns.
+// MapRead skips the copy: it checks a read as Submit would and returns the mapped bytes.
 //
 // Enforcement is on the mapping side: the owner hands out mappings only to peers that hold the
 // cluster secret, and the channel checks each request's capability (VerifyCapability with the
@@ -40,7 +41,8 @@ class ShmTransport : public Transport {
     return {.same_host_only = true,
             .one_sided = true,
             .zero_copy = true,
-            .verifies_read_checksums = true};
+            .verifies_read_checksums = true,
+            .maps_peer_memory = true};
   }
   absl::StatusOr<std::unique_ptr<Channel>> Connect(const PeerSpec& peer, const Endpoint& endpoint,
                                                    absl::Duration timeout) override;

@@ -401,6 +401,72 @@ TEST_F(CacheClientTest, FetchHandsOverRunsOfBlocksInOrder) {
   }
 }
 
+// Records the region offered for reads in place and answers `take`.
+struct InPlace {
+  bool take = true;
+  int asked = 0;
+  std::span<const uint8_t> region;
+  InPlaceFn Fn() {
+    return [this](std::span<const uint8_t> r, const std::shared_ptr<const void>& owner) {
+      ++asked;
+      region = r;
+      EXPECT_NE(owner, nullptr);
+      return take;
+    };
+  }
+  bool Holds(std::span<const uint8_t> bytes) const {
+    return bytes.data() >= region.data() &&
+           bytes.data() + bytes.size() <= region.data() + region.size();
+  }
+};
+
+TEST_F(CacheClientTest, FetchReadsInPlaceFromAMappedServer) {
+  for (const TransportKind kind : {TransportKind::kShm, TransportKind::kTcp}) {
+    for (const bool take : {true, false}) {
+      SCOPED_TRACE(std::string(transfer::TransportKindName(kind)) + (take ? "" : ", declined"));
+      auto client = Connect(Options(kind));
+      ASSERT_NE(client, nullptr);
+      const Namespace ns =
+          Ns(std::string("inplace-") + std::string(transfer::TransportKindName(kind)));
+      const Chain c = MakeChain(ns, 7, 53);
+      ASSERT_TRUE(client->Save(ns, "t", Layout(), c.blocks, "req").ok());
+
+      InPlace in_place{.take = take};
+      int buffers = 0;
+      bool all_in_region = true, all_equal = true;
+      Runs runs;
+      FetchedBlocksFn record = runs.Fn();
+      const FetchResult r = client->Fetch(
+          ns, c.keys, c.tokens, Layout(), "req",
+          {.buffer = [&](size_t bytes) -> absl::StatusOr<std::shared_ptr<HostBuffer>> {
+             ++buffers;
+             return HostBuffer::Allocate(bytes);
+           },
+           .on_blocks =
+               [&](size_t first, std::span<const FetchedBlock> blocks) {
+                 for (size_t i = 0; i < blocks.size(); ++i) {
+                   all_in_region &= in_place.Holds(blocks[i].payload);
+                   all_equal &= std::ranges::equal(blocks[i].payload, c.blocks[first + i].payload);
+                 }
+                 return record(first, blocks);
+               },
+           .in_place = in_place.Fn(),
+           .run_bytes = 3 * Layout().TotalBytes()});
+      EXPECT_TRUE(r.first_failure.ok()) << r.first_failure;
+      EXPECT_EQ(r.blocks.size(), 7u);
+      EXPECT_TRUE(all_equal);
+      EXPECT_EQ(runs.seen.size(), 3u);
+      const bool mapped = kind == TransportKind::kShm && take;
+      EXPECT_EQ(in_place.asked, kind == TransportKind::kShm ? 1 : 0);
+      EXPECT_EQ(all_in_region, mapped);
+      EXPECT_EQ(r.mapping != nullptr, mapped);
+      EXPECT_EQ(r.buffer != nullptr, !mapped);
+      EXPECT_EQ(buffers, mapped ? 0 : 1);
+      EXPECT_EQ(ActiveLeases(), 0u);
+    }
+  }
+}
+
 TEST_F(CacheClientTest, ACallerThatStopsTheFetchGetsNoMoreBlocks) {
   auto client = Connect(Options(TransportKind::kShm));
   ASSERT_NE(client, nullptr);
@@ -430,18 +496,24 @@ TEST_F(CacheClientTest, ABadBlockInALaterRunEndsThePrefixThere) {
   PutRaw(server_->store(), ns, c.keys[5], c.keys[4], garbage);
   ASSERT_TRUE(client->Save(ns, "t", Layout(), {c.blocks[6], c.blocks[7]}, "req").ok());
 
-  Runs runs;
-  const FetchResult r =
-      client->Fetch(ns, c.keys, c.tokens, Layout(), "req",
-                    {.on_blocks = runs.Fn(), .run_bytes = 2 * Layout().TotalBytes()});
-  EXPECT_EQ(r.hit_blocks, 8);
-  EXPECT_TRUE(absl::IsDataLoss(r.first_failure)) << r.first_failure;
-  EXPECT_NE(r.first_failure.message().find("block 5"), std::string::npos) << r.first_failure;
-  ExpectPayloads(r, c, 5);
-  // The run holding block 5 is handed over up to it; nothing after it is handed over.
-  EXPECT_EQ(runs.seen, (std::vector<std::pair<size_t, size_t>>{{0, 2}, {2, 2}, {4, 1}}));
-  runs.ExpectCover(r);
-  EXPECT_EQ(ActiveLeases(), 0u);
+  for (const bool mapped : {false, true}) {
+    SCOPED_TRACE(mapped ? "in place" : "copied");
+    Runs runs;
+    InPlace in_place;
+    const FetchResult r = client->Fetch(ns, c.keys, c.tokens, Layout(), "req",
+                                        {.on_blocks = runs.Fn(),
+                                         .in_place = mapped ? in_place.Fn() : InPlaceFn(),
+                                         .run_bytes = 2 * Layout().TotalBytes()});
+    EXPECT_EQ(r.mapping != nullptr, mapped);
+    EXPECT_EQ(r.hit_blocks, 8);
+    EXPECT_TRUE(absl::IsDataLoss(r.first_failure)) << r.first_failure;
+    EXPECT_NE(r.first_failure.message().find("block 5"), std::string::npos) << r.first_failure;
+    // The run holding block 5 is handed over up to it; nothing after it is handed over.
+    EXPECT_EQ(runs.seen, (std::vector<std::pair<size_t, size_t>>{{0, 2}, {2, 2}, {4, 1}}));
+    runs.ExpectCover(r);
+    if (!mapped) ExpectPayloads(r, c, 5);  // in place, the payloads were valid in on_blocks only
+    EXPECT_EQ(ActiveLeases(), 0u);
+  }
 }
 
 TEST_F(CacheClientTest, CorruptReadsAreCaughtAndTheServerStillServesOthers) {
@@ -611,6 +683,48 @@ TEST_F(CacheClientTest, AClientFindsARestartedServerAgain) {
     EXPECT_TRUE(round_trip);
     EXPECT_EQ(client->transport(), kind);
   }
+}
+
+// A fetch in place through a data path gone stale (the old arena is still mapped) finds the
+// restarted server's new arena and reads there.
+TEST_F(CacheClientTest, AFetchInPlaceFindsTheRestartedServersArena) {
+  cache::CacheServerOptions o = ServerOptions("restart-in-place", 256);
+  StartServer(o);
+  auto client = Connect(Options(TransportKind::kShm));
+  ASSERT_NE(client, nullptr);
+  const Namespace ns = Ns("restart-in-place");
+  const Chain before = MakeChain(ns, 2, 60);
+  ASSERT_TRUE(client->Save(ns, "t", Layout(), before.blocks, "req").ok());
+  InPlace first;
+  ASSERT_EQ(client->Fetch(ns, before.keys, before.tokens, Layout(), "req", {.in_place = first.Fn()})
+                .blocks.size(),
+            2u);
+
+  o.listen = "127.0.0.1:" + std::to_string(server_->grpc_port());
+  StartServer(o);
+  const Chain c = MakeChain(ns, 3, 61);
+  {
+    auto other = Connect(Options(TransportKind::kShm));  // stores the blocks; `client` is stale
+    ASSERT_NE(other, nullptr);
+    ASSERT_TRUE(other->Save(ns, "t", Layout(), c.blocks, "req").ok());
+  }
+  InPlace again;
+  bool equal = true;
+  const FetchResult r = client->Fetch(
+      ns, c.keys, c.tokens, Layout(), "req",
+      {.on_blocks =
+           [&](size_t first_block, std::span<const FetchedBlock> blocks) {
+             for (size_t i = 0; i < blocks.size(); ++i) {
+               equal &= std::ranges::equal(blocks[i].payload, c.blocks[first_block + i].payload);
+             }
+             return true;
+           },
+       .in_place = again.Fn()});
+  EXPECT_TRUE(r.first_failure.ok()) << r.first_failure;
+  EXPECT_EQ(r.blocks.size(), 3u);
+  EXPECT_TRUE(equal);
+  EXPECT_NE(r.mapping, nullptr);
+  EXPECT_EQ(again.asked, 2);  // the old arena, then the new one (maybe at the same address)
 }
 
 TEST_F(CacheClientTest, ADeadServerEndsFetchesAndFailsSaves) {
