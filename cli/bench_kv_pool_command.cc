@@ -2,6 +2,7 @@
 //
 //   strata bench kv-pool [--preset v2-lite-shape] [--pages 64] [--repeats 5] [--json PATH]
 //                        [--through-cache 1] [--run-mib 32] [--pool cuda|host]
+//                        [--register-arena 1]
 //
 // The pool has the preset's layout (every layer of a page: a block payload of layers x 64 tokens x
 // 576 bf16, 2.0 MB for v2-lite-shape, 4.5 MB for v3 with 61 layers). Side by side, in one run:
@@ -16,7 +17,8 @@
 //     each time importing after the whole fetch; then into the pinned buffer in runs of
 //     --run-mib, each run imported while the next one is read; then (what the worker's loader
 //     does) the same with the blocks read in place from the server's arena when the pool takes
-//     them from there (KvPool::ReadsInPlace: the host pool does, the device pool not yet).
+//     them from there (KvPool::ReadsInPlace: the host pool does; the device pool when it may
+//     register the arena with CUDA, --register-arena, which the worker does not do yet).
 // --pool host times the CPU backend's HostKvPool instead (its "pinned" buffer is heap memory):
 // the same code path without a GPU, for CI. GB/s = payload bytes / wall time of the call(s) that
 // move all --pages (median of --repeats). JSON ratios: kv_pool_{import,export}_batched_vs_per_page,
@@ -58,6 +60,7 @@ struct Args {
   std::string preset = "v2-lite-shape", json, pool = "cuda";
   int64_t pages = 64, repeats = 5, run_mib = 32;
   bool through_cache = true;
+  bool register_arena = true;  // --pool cuda: register the server's arena for reads in place
 };
 
 void Check(const absl::Status& st) {
@@ -205,7 +208,8 @@ void Run(const Args& a) {
     pool = std::make_unique<runtime::HostKvPool>(layout, a.pages, runtime::KvPrecision::kBf16);
   } else if (a.pool == "cuda") {
 #if STRATA_WITH_CUDA
-    auto made = cuda::DeviceKvPool::Create(layout, a.pages);
+    auto made =
+        cuda::DeviceKvPool::Create(layout, a.pages, {.register_shared_regions = a.register_arena});
     if (!made.ok()) Fail(1, StrCat("bench kv-pool: ", made.status().ToString()));
     pool = *std::move(made);
 #else
@@ -346,6 +350,10 @@ void RegisterBenchKvPoolCommand(CLI::App& app) {
       ->default_val("cuda");
   cmd->add_option("--through-cache", a->through_cache,
                   "Also time loads through an in-process cache server (shm)")
+      ->default_val(true);
+  cmd->add_option("--register-arena", a->register_arena,
+                  "--pool cuda: register the cache server's arena with CUDA so the kernels read "
+                  "blocks in place (0: the device pool declines, blocks are copied)")
       ->default_val(true);
   cmd->add_option("--run-mib", a->run_mib, "Run size of the pipelined load through the cache")
       ->default_val(32)

@@ -13,6 +13,7 @@ rm -rf "$dest"
 source "$(dirname "$0")/bundle.sh"
 bundle_binaries "$dest" "$build/cli/strata" \
   "$build/tests/compute_nodes/compute_nodes_cuda_engine_test" \
+  "$build/tests/compute_nodes/compute_nodes_device_kv_pool_test" \
   "$build/tests/transfer/transfer_cuda_test" "$build"/tests/kernels/kernels_*_test
 cp "$(dirname "$0")/gpu_suite_run.sh" "$dest/run.sh"
 du -sh "$dest"

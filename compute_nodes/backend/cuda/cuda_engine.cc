@@ -140,7 +140,8 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(
   ASSIGN_OR_RETURN(e->pool_,
                    DeviceKvPool::Create(runtime::KvLayout{c.num_hidden_layers, options.block_tokens,
                                                           c.kv_lora_rank, c.qk_rope_head_dim},
-                                        options.num_pages));
+                                        options.num_pages,
+                                        {.register_shared_regions = options.read_cache_in_place}));
   ASSIGN_OR_RETURN(std::unique_ptr<SideStream> side, SideStream::Create(e->stream_));
   e->impl_ = std::make_unique<Impl>(*e->weights_, *e->pool_, e->blas_, e->stream_, std::move(side),
                                     options);

@@ -1,6 +1,7 @@
 #include "compute_nodes/backend/cuda/device_kv_pool.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 
 #include "common/cuda/cuda_status.h"
@@ -10,6 +11,7 @@
 #include "compute_nodes/backend/cuda/cuda_ops.h"
 #include "compute_nodes/model/safetensors.h"
 #include "kernels/kv_pages/kv_pages.h"
+#include "spdlog/spdlog.h"
 
 namespace strata::cuda {
 namespace {
@@ -63,11 +65,12 @@ uint8_t* MappedRange(const uint8_t* p, size_t bytes) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<DeviceKvPool>> DeviceKvPool::Create(runtime::KvLayout layout,
-                                                                   int64_t num_pages) {
+                                                                   int64_t num_pages,
+                                                                   DeviceKvPoolOptions options) {
   if (num_pages <= 0 || layout.num_layers <= 0) {
     return absl::InvalidArgumentError("device KV pool: need pages and layers");
   }
-  std::unique_ptr<DeviceKvPool> p(new DeviceKvPool(layout, num_pages));
+  std::unique_ptr<DeviceKvPool> p(new DeviceKvPool(layout, num_pages, options));
   p->layer_stride_ = num_pages * layout.block_tokens * (layout.latent_dim + layout.rope_dim);
   CUDA_RETURN_IF_ERROR(cudaMalloc(reinterpret_cast<void**>(&p->pool_), p->device_bytes()));
   CUDA_RETURN_IF_ERROR(cudaMemset(p->pool_, 0, p->device_bytes()));
@@ -77,6 +80,9 @@ absl::StatusOr<std::unique_ptr<DeviceKvPool>> DeviceKvPool::Create(runtime::KvLa
 
 DeviceKvPool::~DeviceKvPool() {
   if (stream_ != nullptr) (void)cudaStreamSynchronize(stream_);
+  for (const SharedRegion& r : regions_) {
+    if (r.registered) (void)cudaHostUnregister(const_cast<uint8_t*>(r.base));
+  }
   if (pool_ != nullptr) (void)cudaFree(pool_);
   if (staging_ != nullptr) (void)cudaFreeHost(staging_);
   if (host_batch_ != nullptr) (void)cudaFreeHost(host_batch_);
@@ -98,6 +104,51 @@ absl::StatusOr<std::shared_ptr<HostBuffer>> DeviceKvPool::AllocateHostBuffer(siz
   }
   return std::make_shared<HostBuffer>(static_cast<uint8_t*>(p), bytes,
                                       [](uint8_t* q) { (void)cudaFreeHost(q); });
+}
+
+bool DeviceKvPool::ReadsInPlace(std::span<const uint8_t> region,
+                                const std::shared_ptr<const void>& owner) {
+  if (!options_.register_shared_regions || region.empty() || owner == nullptr) return false;
+  std::lock_guard<std::mutex> lock(mu_);
+  // A remembered region is still mapped (its owner is held), so its address cannot be another's.
+  for (const SharedRegion& r : regions_) {
+    if (r.base == region.data() && r.size == region.size()) return r.registered;
+  }
+  SharedRegion r{.base = region.data(), .size = region.size(), .owner = owner};
+  const auto start = std::chrono::steady_clock::now();
+  void* base = const_cast<uint8_t*>(region.data());
+  if (const cudaError_t err =
+          cudaHostRegister(base, region.size(), cudaHostRegisterMapped | cudaHostRegisterPortable);
+      err != cudaSuccess) {
+    (void)cudaGetLastError();
+    spdlog::warn(
+        "device KV pool: cannot register {} bytes of shared host memory for reads in "
+        "place ({}); copying blocks instead",
+        region.size(), cudaGetErrorString(err));
+  } else if (MappedRange(region.data(), region.size()) == nullptr) {
+    (void)cudaHostUnregister(base);
+    spdlog::warn(
+        "device KV pool: registered shared host memory is not device-mapped; copying "
+        "blocks instead");
+  } else {
+    r.registered = true;
+    spdlog::info(
+        "device KV pool: registered {} MiB of shared host memory in {:.0f} ms; cached "
+        "blocks are read in place",
+        region.size() >> 20,
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+            .count());
+  }
+  regions_.push_back(std::move(r));
+  while (static_cast<int>(regions_.size()) > std::max(1, options_.max_registered_regions)) {
+    const SharedRegion& oldest = regions_.front();
+    if (oldest.registered) {
+      (void)cudaStreamSynchronize(stream_);  // moves are synchronous; this is belt and braces
+      (void)cudaHostUnregister(const_cast<uint8_t*>(oldest.base));
+    }
+    regions_.erase(regions_.begin());
+  }
+  return regions_.back().registered;
 }
 
 namespace {

@@ -11,6 +11,10 @@
 // payload (ordinary memory, or fp32, which is widened/rounded on the host) goes through one of
 // two sets of pinned staging slots, which the host fills or drains (on up to 8 threads) while
 // the kernel moves the other set.
+//
+// With DeviceKvPoolOptions::register_shared_regions, host memory that another process shares
+// (a same-host cache server's shm arena, offered through ReadsInPlace) is registered with CUDA,
+// mapped, the first time it is offered, so that the kernels read cached blocks in it in place.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -26,12 +30,21 @@
 
 namespace strata::cuda {
 
+struct DeviceKvPoolOptions {
+  // ReadsInPlace registers the regions it is offered (cudaHostRegister, mapped): pins them and
+  // keeps them mapped while registered. Off: it declines, and cached blocks are copied into the
+  // pool's pinned buffers instead. Not yet measured on the H200, hence off by default.
+  bool register_shared_regions = false;
+  int max_registered_regions = 2;  // the oldest is unregistered past this (a restarted server)
+};
+
 class DeviceKvPool final : public runtime::KvPool {
  public:
   // ResourceExhausted when the GPU has too little memory; InvalidArgument on a layout the kernels
   // cannot serve.
   static absl::StatusOr<std::unique_ptr<DeviceKvPool>> Create(runtime::KvLayout layout,
-                                                              int64_t num_pages);
+                                                              int64_t num_pages,
+                                                              DeviceKvPoolOptions options = {});
   ~DeviceKvPool() override;
 
   int64_t row_width() const { return layout().latent_dim + layout().rope_dim; }
@@ -51,6 +64,11 @@ class DeviceKvPool final : public runtime::KvPool {
                                int64_t* done) const override;
   // Pinned (cudaHostAlloc, mapped and portable).
   absl::StatusOr<std::shared_ptr<HostBuffer>> AllocateHostBuffer(size_t bytes) const override;
+  // True when `region` is registered with CUDA, mapped: already, or now (register_shared_regions;
+  // the first offer pins it, which takes time in proportion to its size). A failure is logged and
+  // remembered, so the region is declined at once the next time.
+  bool ReadsInPlace(std::span<const uint8_t> region,
+                    const std::shared_ptr<const void>& owner) override;
 
   static constexpr int kBatchPages = 8;
 
@@ -65,7 +83,16 @@ class DeviceKvPool final : public runtime::KvPool {
     int32_t pages[kBatchPages];
   };
 
-  DeviceKvPool(runtime::KvLayout layout, int64_t num_pages) : KvPool(layout, num_pages) {}
+  // A region ReadsInPlace was offered, kept mapped by `owner` while it is remembered.
+  struct SharedRegion {
+    const uint8_t* base = nullptr;
+    size_t size = 0;
+    std::shared_ptr<const void> owner;
+    bool registered = false;
+  };
+
+  DeviceKvPool(runtime::KvLayout layout, int64_t num_pages, DeviceKvPoolOptions options)
+      : KvPool(layout, num_pages), options_(options) {}
   // The staging slots, descriptors and events (allocated on first use).
   absl::Status EnsureBatchStaging() const;
   uint8_t* StagingSlot(int set, int i) const;
@@ -86,6 +113,8 @@ class DeviceKvPool final : public runtime::KvPool {
   mutable Batch* host_batch_ = nullptr;
   mutable Batch* dev_batch_ = nullptr;
   mutable cudaEvent_t batch_done_[2] = {nullptr, nullptr};
+  const DeviceKvPoolOptions options_;
+  std::vector<SharedRegion> regions_;  // under mu_ (no move runs while one is unregistered)
 };
 
 }  // namespace strata::cuda
