@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "common/block_format.h"
 #include "common/strings.h"
 #include "compute_nodes/model/safetensors.h"
 
@@ -56,7 +57,18 @@ const float* HostKvPool::KPe(int32_t page, int64_t layer) const {
 }
 
 size_t KvPool::PayloadBytes(PayloadDtype dtype) const {
-  return static_cast<size_t>(layout().floats_per_page()) * (dtype == PayloadDtype::kF32 ? 4 : 2);
+  const KvLayout& l = layout();
+  switch (dtype) {
+    case PayloadDtype::kF32:
+      return static_cast<size_t>(l.floats_per_page()) * 4;
+    case PayloadDtype::kBf16:
+      return static_cast<size_t>(l.floats_per_page()) * 2;
+    case PayloadDtype::kFp8E4M3:
+      return static_cast<size_t>(
+          l.num_layers * l.block_tokens *
+          (l.latent_dim + 4 * (l.latent_dim / kFp8GroupSize) + 2 * l.rope_dim));
+  }
+  return 0;
 }
 
 absl::Status KvPool::CheckPage(int32_t page) const {
@@ -67,6 +79,12 @@ absl::Status KvPool::CheckPage(int32_t page) const {
 }
 
 absl::Status KvPool::CheckPayload(PayloadDtype dtype, size_t bytes) const {
+  if (dtype == PayloadDtype::kFp8E4M3 && layout().latent_dim % kFp8GroupSize != 0) {
+    return absl::InvalidArgumentError(
+        StrCat("KV pool: fp8 payloads need a latent dim that is a "
+               "multiple of ",
+               kFp8GroupSize, ", not ", layout().latent_dim));
+  }
   if (bytes != PayloadBytes(dtype)) {
     return absl::InvalidArgumentError(
         StrCat("KV pool: payload of ", bytes, " bytes, expected ", PayloadBytes(dtype)));
@@ -90,27 +108,75 @@ void HostKvPool::StoreRow(int32_t page, int64_t layer, int64_t slot, const float
   }
 }
 
-// The page already has the payload's layer-major layout, so conversion is element-wise.
+namespace {
+
+// model::FloatToBf16 (round to nearest even, NaN stays a quiet NaN) as a select, written so the
+// compiler vectorizes it.
+void ToBf16(const float* src, int64_t n, uint8_t* dst) {
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, src + i, 4);
+    const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+    const uint32_t quiet_nan = (bits >> 16) | 0x40u;
+    const uint16_t b =
+        static_cast<uint16_t>((bits & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
+    std::memcpy(dst + 2 * i, &b, 2);
+  }
+}
+
+// bf16 is the top half of an fp32: a shift, written so the compiler vectorizes it.
+void FromBf16(const uint8_t* src, int64_t n, float* dst) {
+  for (int64_t i = 0; i < n; ++i) {
+    uint16_t b;
+    std::memcpy(&b, src + 2 * i, 2);
+    const uint32_t bits = uint32_t{b} << 16;
+    std::memcpy(dst + i, &bits, 4);
+  }
+}
+
+// One layer's fp8 payload (block_format.h): codes [B][R], scales [B][R/128] f32, k_pe bf16 [B][P].
+struct Fp8Layer {
+  int64_t codes, scales, kpe;  // element counts
+  int64_t bytes() const { return codes + 4 * scales + 2 * kpe; }
+};
+
+Fp8Layer Fp8LayerOf(const KvLayout& l) {
+  return {l.block_tokens * l.latent_dim, l.block_tokens * (l.latent_dim / kFp8GroupSize),
+          l.block_tokens * l.rope_dim};
+}
+
+}  // namespace
+
+// The page already has the payload's layer-major layout, so bf16 and fp32 convert element-wise;
+// fp8 quantizes each layer's latent and converts its k_pe.
 absl::Status HostKvPool::ExportPageInto(int32_t page, PayloadDtype dtype,
                                         std::span<uint8_t> out) const {
   if (auto st = CheckPage(page); !st.ok()) return st;
   if (auto st = CheckPayload(dtype, out.size()); !st.ok()) return st;
   const float* src = storage_.data() + page * layout().floats_per_page();
   const int64_t n = layout().floats_per_page();
-  if (dtype == PayloadDtype::kF32) {
-    std::memcpy(out.data(), src, n * 4);
-  } else {
-    // model::FloatToBf16 (round to nearest even, NaN stays a quiet NaN) as a select, written so
-    // the compiler vectorizes it.
-    uint8_t* dst = out.data();
-    for (int64_t i = 0; i < n; ++i) {
-      uint32_t bits;
-      std::memcpy(&bits, src + i, 4);
-      const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
-      const uint32_t quiet_nan = (bits >> 16) | 0x40u;
-      const uint16_t b =
-          static_cast<uint16_t>((bits & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
-      std::memcpy(dst + 2 * i, &b, 2);
+  switch (dtype) {
+    case PayloadDtype::kF32:
+      std::memcpy(out.data(), src, n * 4);
+      break;
+    case PayloadDtype::kBf16:
+      ToBf16(src, n, out.data());
+      break;
+    case PayloadDtype::kFp8E4M3: {
+      const Fp8Layer f = Fp8LayerOf(layout());
+      std::vector<float> scales(f.scales);
+      for (int64_t l = 0; l < layout().num_layers; ++l) {
+        uint8_t* at = out.data() + l * f.bytes();
+        if (absl::Status st = QuantizeFp8E4M3(std::span<const float>(Latent(page, l), f.codes),
+                                              std::span<uint8_t>(at, f.codes), scales);
+            !st.ok()) {
+          return absl::InvalidArgumentError(
+              StrCat("KV pool: fp8 export of page ", page, " layer ", l, ": ", st.message()));
+        }
+        std::memcpy(at + f.codes, scales.data(), 4 * f.scales);
+        ToBf16(KPe(page, l), f.kpe, at + f.codes + 4 * f.scales);
+      }
+      break;
     }
   }
   return absl::OkStatus();
@@ -122,16 +188,30 @@ absl::Status HostKvPool::ImportPage(int32_t page, PayloadDtype dtype,
   if (auto st = CheckPayload(dtype, payload.size()); !st.ok()) return st;
   float* dst = storage_.data() + page * layout().floats_per_page();
   const int64_t n = layout().floats_per_page();
-  if (dtype == PayloadDtype::kF32) {
-    std::memcpy(dst, payload.data(), n * 4);
-  } else {
-    // bf16 is the top half of an fp32: a shift, written so the compiler vectorizes it.
-    const uint8_t* src = payload.data();
-    for (int64_t i = 0; i < n; ++i) {
-      uint16_t b;
-      std::memcpy(&b, src + 2 * i, 2);
-      const uint32_t bits = uint32_t{b} << 16;
-      std::memcpy(dst + i, &bits, 4);
+  switch (dtype) {
+    case PayloadDtype::kF32:
+      std::memcpy(dst, payload.data(), n * 4);
+      break;
+    case PayloadDtype::kBf16:
+      FromBf16(payload.data(), n, dst);
+      break;
+    case PayloadDtype::kFp8E4M3: {
+      const Fp8Layer f = Fp8LayerOf(layout());
+      std::vector<float> scales(f.scales);
+      for (int64_t l = 0; l < layout().num_layers; ++l) {
+        const uint8_t* at = payload.data() + l * f.bytes();
+        std::memcpy(scales.data(), at + f.codes, 4 * f.scales);
+        float* latent = Latent(page, l);
+        DequantizeFp8E4M3(std::span<const uint8_t>(at, f.codes), scales,
+                          std::span<float>(latent, f.codes));
+        if (precision_ == KvPrecision::kBf16) {  // as the device pool's bf16 pages hold them
+          for (int64_t i = 0; i < f.codes; ++i) {
+            latent[i] = model::Bf16ToFloat(model::FloatToBf16(latent[i]));
+          }
+        }
+        FromBf16(at + f.codes + 4 * f.scales, f.kpe, KPe(page, l));
+      }
+      break;
     }
   }
   return absl::OkStatus();

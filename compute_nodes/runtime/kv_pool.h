@@ -36,7 +36,12 @@ struct KvLayout {
   int64_t floats_per_page() const { return num_layers * floats_per_layer(); }
 };
 
-enum class PayloadDtype { kBf16, kF32 };
+// The codec of a block payload moved in or out of pages (common/block_format.h): bf16, fp32 (the
+// CPU backend's native values), or block-scaled fp8 e4m3 (per layer: latent codes [B][R], one fp32
+// scale per 128 latent values of a token [B][R/128], k_pe bf16 [B][P]; needs R % 128 == 0). An fp8
+// export quantizes as strata::QuantizeFp8E4M3 does; an import dequantizes (rounded to bf16 where
+// the pages hold bf16).
+enum class PayloadDtype { kBf16, kF32, kFp8E4M3 };
 
 // What the values held in the pages are rounded to when written.
 enum class KvPrecision { kF32, kBf16 };

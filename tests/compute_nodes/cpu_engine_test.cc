@@ -416,6 +416,22 @@ TEST(KvPoolTest, BatchedMovesEqualPerPageMoves) {
   testutil::CheckHostBufferPageMoves(pool, 11, 8);
 }
 
+TEST(KvPoolTest, Fp8PayloadsAreTheBlockFormatsCodec) {
+  for (const runtime::KvPrecision precision :
+       {runtime::KvPrecision::kBf16, runtime::KvPrecision::kF32}) {
+    runtime::HostKvPool pool({/*num_layers=*/2, /*block_tokens=*/16, /*latent_dim=*/256,
+                              /*rope_dim=*/32},
+                             10, precision);
+    testutil::CheckFp8PageMoves(pool, 5, 21);
+  }
+  // A latent dim that is not a multiple of the fp8 group cannot be fp8.
+  runtime::HostKvPool odd({1, 16, 8, 4}, 1);
+  std::vector<uint8_t> payload(odd.PayloadBytes(runtime::PayloadDtype::kBf16));
+  const absl::Status st = odd.ImportPage(0, runtime::PayloadDtype::kFp8E4M3, payload);
+  EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
+  EXPECT_NE(st.message().find("multiple of 128"), std::string::npos) << st;
+}
+
 TEST(KvPoolTest, ExhaustionIsAStatusAndLeaksNothing) {
   runtime::HostKvPool pool({1, 16, 8, 4}, 3);
   PageTable a, b;

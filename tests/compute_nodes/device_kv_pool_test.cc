@@ -95,6 +95,16 @@ TEST(DeviceKvPoolTest, SharedRegionsAreRegisteredOnceAndReadInPlace) {
   ExpectImportsFrom(**plain, b, 3, 2);  // staged
 }
 
+// fp8 payloads: the kernels quantize on export and dequantize on import, as the block format's
+// own codec does (19 pages: batches of 8 + 8 + 3; staged and in place).
+TEST(DeviceKvPoolTest, Fp8PayloadsAreTheBlockFormatsCodec) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  auto pool = DeviceKvPool::Create(kLayout, 40);
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  testutil::CheckFp8PageMoves(**pool, 19, 31);
+  testutil::CheckFp8PageMoves(**pool, 1, 32);
+}
+
 TEST(DeviceKvPoolTest, TheOldestRegionIsUnregisteredPastTheWindow) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
   auto pool = DeviceKvPool::Create(kLayout, 4,

@@ -16,9 +16,18 @@
 namespace strata::cuda {
 namespace {
 
-// bf16 payload bytes <-> a payload of `dtype` (fp32: widened / rounded element by element).
+// What the kernels read for a payload of `dtype`: bf16 and fp8 as they are (the kernels decode
+// fp8), fp32 rounded to bf16 on the host.
+bool KernelsReadAsIs(runtime::PayloadDtype dtype) { return dtype != runtime::PayloadDtype::kF32; }
+
+kernels::KvPayloadCodec KernelCodec(runtime::PayloadDtype dtype) {
+  return dtype == runtime::PayloadDtype::kFp8E4M3 ? kernels::KvPayloadCodec::kFp8E4M3
+                                                  : kernels::KvPayloadCodec::kBf16;
+}
+
+// A staging slot's bytes <-> a payload of `dtype` (fp32: widened / rounded element by element).
 void ToBf16Payload(runtime::PayloadDtype dtype, std::span<const uint8_t> payload, uint8_t* bf16) {
-  if (dtype == runtime::PayloadDtype::kBf16) {
+  if (KernelsReadAsIs(dtype)) {
     std::memcpy(bf16, payload.data(), payload.size());
     return;
   }
@@ -31,7 +40,7 @@ void ToBf16Payload(runtime::PayloadDtype dtype, std::span<const uint8_t> payload
 }
 
 void FromBf16Payload(runtime::PayloadDtype dtype, const uint8_t* bf16, std::span<uint8_t> out) {
-  if (dtype == runtime::PayloadDtype::kBf16) {
+  if (KernelsReadAsIs(dtype)) {
     std::memcpy(out.data(), bf16, out.size());
     return;
   }
@@ -153,12 +162,13 @@ bool DeviceKvPool::ReadsInPlace(std::span<const uint8_t> region,
 
 namespace {
 
-// Every layer of `count` pages <-> bf16 payloads (pages and payload pointers: device arrays).
-absl::Status LaunchMove(const runtime::KvLayout& l, __nv_bfloat16* pool, int64_t layer_stride,
-                        int count, const int32_t* pages, uint8_t* const* payloads, bool to_payload,
-                        cudaStream_t stream) {
+// Every layer of `count` pages <-> payloads in `codec` (pages and payload pointers: device
+// arrays).
+absl::Status LaunchMove(const runtime::KvLayout& l, kernels::KvPayloadCodec codec,
+                        __nv_bfloat16* pool, int64_t layer_stride, int count, const int32_t* pages,
+                        uint8_t* const* payloads, bool to_payload, cudaStream_t stream) {
   kernels::KvPagesParams p;
-  p.codec = kernels::KvPayloadCodec::kBf16;
+  p.codec = codec;
   p.num_blocks = count;
   p.block_tokens = static_cast<int>(l.block_tokens);
   p.latent_dim = static_cast<int>(l.latent_dim);
@@ -203,19 +213,19 @@ bool DeviceKvPool::BindPayload(int set, int i, runtime::PayloadDtype dtype,
                                const uint8_t* payload) const {
   // The kernels move 16-byte vectors; block payloads start 16-aligned in a fetch buffer.
   const bool aligned = reinterpret_cast<uintptr_t>(payload) % 16 == 0;
-  uint8_t* in_place = dtype == runtime::PayloadDtype::kBf16 && aligned
-                          ? MappedRange(payload, PayloadBytes(runtime::PayloadDtype::kBf16))
-                          : nullptr;
+  uint8_t* in_place =
+      KernelsReadAsIs(dtype) && aligned ? MappedRange(payload, PayloadBytes(dtype)) : nullptr;
   const size_t offset = (set * kBatchPages + i) * PayloadBytes(runtime::PayloadDtype::kBf16);
   host_batch_[set].payloads[i] = in_place != nullptr ? in_place : staging_dev_ + offset;
   return in_place == nullptr;
 }
 
-absl::Status DeviceKvPool::LaunchBatch(int set, int count, bool to_payload) const {
+absl::Status DeviceKvPool::LaunchBatch(int set, int count, runtime::PayloadDtype dtype,
+                                       bool to_payload) const {
   CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dev_batch_ + set, host_batch_ + set, sizeof(Batch),
                                        cudaMemcpyHostToDevice, stream_));
-  RETURN_IF_ERROR(LaunchMove(layout(), pool_, layer_stride_, count, dev_batch_[set].pages,
-                             dev_batch_[set].payloads, to_payload, stream_));
+  RETURN_IF_ERROR(LaunchMove(layout(), KernelCodec(dtype), pool_, layer_stride_, count,
+                             dev_batch_[set].pages, dev_batch_[set].payloads, to_payload, stream_));
   CUDA_RETURN_IF_ERROR(cudaEventRecord(batch_done_[set], stream_));
   return absl::OkStatus();
 }
@@ -247,7 +257,7 @@ absl::Status DeviceKvPool::ImportPages(std::span<const int32_t> pages, runtime::
                   const int i = static_cast<int>(staged[k]);
                   ToBf16Payload(dtype, payloads[start + i], StagingSlot(set, i));
                 });
-    RETURN_IF_ERROR(LaunchBatch(set, count, /*to_payload=*/false));
+    RETURN_IF_ERROR(LaunchBatch(set, count, dtype, /*to_payload=*/false));
     end[set] = start + count;
   }
   CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
@@ -276,7 +286,7 @@ absl::Status DeviceKvPool::ExportPagesInto(std::span<const int32_t> pages,
       host_batch_[set].pages[i] = pages[start + i];
       if (BindPayload(set, i, dtype, outs[start + i].data())) staged[set].push_back(i);
     }
-    return LaunchBatch(set, count, /*to_payload=*/true);
+    return LaunchBatch(set, count, dtype, /*to_payload=*/true);
   };
   if (batches > 0) RETURN_IF_ERROR(launch(0));
   for (int64_t b = 0; b < batches; ++b) {

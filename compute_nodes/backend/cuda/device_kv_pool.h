@@ -2,7 +2,9 @@
 // layout the MLA decode kernel reads ([layer][page][token][latent_dim + rope_dim]: token rows of
 // 576 values, latent then k_pe). Page allocation is the base KvPool's.
 //
-// Every move (one page or many) goes through the kv_pages gather/scatter kernels, kBatchPages
+// Payloads are bf16, fp8 (the kernels quantize on export and dequantize on import) or fp32
+// (rounded to and widened from bf16 on the host). Every move (one page or many) goes through the
+// kv_pages gather/scatter kernels, kBatchPages
 // pages per launch, on the pool's own stream beside the engine's (the worker loads cached
 // prefixes from its loader thread while the loop runs Forward), so the caller must not run a
 // Forward that touches the same pages concurrently. Moves are synchronous (pages or payloads
@@ -96,11 +98,12 @@ class DeviceKvPool final : public runtime::KvPool {
   // The staging slots, descriptors and events (allocated on first use).
   absl::Status EnsureBatchStaging() const;
   uint8_t* StagingSlot(int set, int i) const;
-  // Points slot i of `set` at `payload` when the kernel can reach it in place (bf16 in mapped
-  // pinned memory), else at the staging slot. Returns whether it is staged.
+  // Points slot i of `set` at `payload` when the kernel can reach it in place (bf16 or fp8 in
+  // mapped pinned memory), else at the staging slot. Returns whether it is staged.
   bool BindPayload(int set, int i, runtime::PayloadDtype dtype, const uint8_t* payload) const;
-  // Enqueues the move of `set`'s first `count` pages and records its event.
-  absl::Status LaunchBatch(int set, int count, bool to_payload) const;
+  // Enqueues the move of `set`'s first `count` pages (payloads in `dtype`'s codec, fp32 staged as
+  // bf16) and records its event.
+  absl::Status LaunchBatch(int set, int count, runtime::PayloadDtype dtype, bool to_payload) const;
 
   __nv_bfloat16* pool_ = nullptr;
   int64_t layer_stride_ = 0;  // elements
