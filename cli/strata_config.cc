@@ -131,6 +131,10 @@ void WorkerSection::Register(ConfigSchema& schema) {
   schema.AddInt("worker.block_tokens", &block_tokens, "Tokens per block and page", 16, 1024);
   schema.AddEnum("worker.kv_precision", &kv_precision, {"bf16", "fp32"},
                  "Precision of the KV pool (bf16: cached blocks restore bit-exactly)");
+  schema.AddEnum("worker.cache_codec", &cache_codec, {"bf16", "fp8"},
+                 "Codec of the KV blocks saved to and loaded from the cache (fp8: half the bytes "
+                 "in every tier and on the wire, at fp8 precision; every worker of a cluster "
+                 "must agree)");
   schema.AddInt("worker.token_budget", &token_budget,
                 "Tokens per engine step (decode tokens + prefill chunks)", 1, 1 << 20);
   schema.AddInt("worker.max_running", &max_running, "Sequences holding KV pages at once", 1,

@@ -81,6 +81,7 @@ struct WorkerSection {
   int64_t kv_pages = 256;
   int64_t block_tokens = 64;
   std::string kv_precision = "bf16";  // bf16 | fp32
+  std::string cache_codec = "bf16";   // bf16 | fp8
   int64_t token_budget = 512;
   int64_t max_running = 64;
   int64_t max_queued = 1024;

@@ -57,6 +57,12 @@ struct WorkerCoreOptions {
   // the loop thread waits for PCIe, not for host copies). A save finding none free exports into
   // heap vectors; 0 always does.
   int64_t save_buffer_bytes = int64_t{256} << 20;
+  // The codec of the blocks saved to and loaded from the cache (swaps included): bf16 restores
+  // the pages bit for bit; fp8 (e4m3, one scale per 128 latent values of a token) halves the
+  // bytes a block takes in every tier and on the wire, at fp8's precision. It enters the block
+  // keys' namespace, so bf16 and fp8 blocks never mix. fp8 needs a latent dim that is a multiple
+  // of 128 (KvPool::CheckPayload).
+  KvCodec cache_codec = KvCodec::kBf16;
 };
 
 // Counters since start (also exported as Prometheus metrics).

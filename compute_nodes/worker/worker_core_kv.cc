@@ -12,12 +12,14 @@ namespace strata::worker {
 using internal::AsU32;
 using internal::BlockLayoutOf;
 using internal::Metrics;
+using internal::PayloadDtypeOf;
 
 // ---- Loading ----
 
 void WorkerCore::LoaderLoop() {
   runtime::KvPool& pool = engine_.kv_pool();
-  const BlockLayout layout = BlockLayoutOf(pool.layout());
+  const BlockLayout layout = BlockLayoutOf(pool.layout(), options_.cache_codec);
+  const runtime::PayloadDtype dtype = PayloadDtypeOf(options_.cache_codec);
   while (true) {
     SeqPtr seq;
     {
@@ -48,8 +50,7 @@ void WorkerCore::LoaderLoop() {
         payloads.clear();
         for (size_t i = 0; i < fit; ++i) payloads.push_back(blocks[i].payload);
         int64_t done = 0;
-        const absl::Status st = pool.ImportPages(pages.subspan(first, fit),
-                                                 runtime::PayloadDtype::kBf16, payloads, &done);
+        const absl::Status st = pool.ImportPages(pages.subspan(first, fit), dtype, payloads, &done);
         imported += done;
         if (!st.ok()) {
           failed = true;
@@ -190,14 +191,15 @@ void WorkerCore::SaveBlocks(const SeqPtr& seq, int64_t upto) {
   cache_client::CacheClient* client = caches_.Get("");
   if (client == nullptr) return;
   runtime::KvPool& pool = engine_.kv_pool();
-  const BlockLayout layout = BlockLayoutOf(pool.layout());
+  const BlockLayout layout = BlockLayoutOf(pool.layout(), options_.cache_codec);
+  const runtime::PayloadDtype dtype = PayloadDtypeOf(options_.cache_codec);
   ExtendKeys(*seq, upto);
   std::vector<cache_client::BlockToSave> blocks;
   const int64_t from = seq->saved_blocks, n = upto - from;
   // The pages' payloads in one batched move, into a save buffer when one is free (else heap
   // vectors); blocks past a failed export are not saved (they stay in the pages, so nothing is
   // lost but the cache copy).
-  const size_t page_bytes = pool.PayloadBytes(runtime::PayloadDtype::kBf16);
+  const size_t page_bytes = pool.PayloadBytes(dtype);
   const std::shared_ptr<HostBuffer> buffer = SaveBuffer(n * page_bytes);
   std::vector<std::vector<uint8_t>> heap(buffer == nullptr ? n : 0);
   std::vector<std::span<uint8_t>> outs;
@@ -210,9 +212,8 @@ void WorkerCore::SaveBlocks(const SeqPtr& seq, int64_t upto) {
     }
   }
   int64_t exported = 0;
-  const absl::Status st =
-      pool.ExportPagesInto(std::span<const int32_t>(seq->pages.pages).subspan(from, n),
-                           runtime::PayloadDtype::kBf16, outs, &exported);
+  const absl::Status st = pool.ExportPagesInto(
+      std::span<const int32_t>(seq->pages.pages).subspan(from, n), dtype, outs, &exported);
   if (!st.ok()) {
     spdlog::warn("request {}: exporting blocks {}..{} failed after {}: {}", seq->spec.id, from,
                  upto, exported, st.ToString());

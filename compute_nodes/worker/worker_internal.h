@@ -31,13 +31,19 @@ inline std::vector<uint32_t> AsU32(std::span<const int32_t> ids) {
   return std::vector<uint32_t>(ids.begin(), ids.end());
 }
 
-// The block layout of a pool's pages: bf16 blocks of the pool's geometry.
-inline BlockLayout BlockLayoutOf(const runtime::KvLayout& kv) {
-  return BlockLayout{.codec = KvCodec::kBf16,
+// The block layout of a pool's pages in `codec`.
+inline BlockLayout BlockLayoutOf(const runtime::KvLayout& kv, KvCodec codec) {
+  return BlockLayout{.codec = codec,
                      .n_layers = static_cast<uint32_t>(kv.num_layers),
                      .block_tokens = static_cast<uint32_t>(kv.block_tokens),
                      .kv_lora_rank = static_cast<uint32_t>(kv.latent_dim),
                      .rope_dim = static_cast<uint32_t>(kv.rope_dim)};
+}
+
+// The pool's payload dtype for blocks in `codec`.
+inline runtime::PayloadDtype PayloadDtypeOf(KvCodec codec) {
+  return codec == KvCodec::kFp8E4M3 ? runtime::PayloadDtype::kFp8E4M3
+                                    : runtime::PayloadDtype::kBf16;
 }
 
 }  // namespace strata::worker::internal

@@ -4,6 +4,7 @@
 
 #include <filesystem>
 
+#include "common/block_format.h"
 #include "common/host.h"
 #include "common/metrics.h"
 #include "common/status.h"
@@ -36,6 +37,12 @@ absl::Status WorkerServer::Start() {
   ASSIGN_OR_RETURN(backend::OpenedEngine opened, backend::OpenEngine(engine_options));
   const ModelFingerprint fingerprint = opened.fingerprint;
   engine_ = std::move(opened.engine);
+  if (options_.core.cache_codec == KvCodec::kFp8E4M3 &&
+      engine_->kv_pool().layout().latent_dim % kFp8GroupSize != 0) {
+    return absl::InvalidArgumentError(
+        StrCat("worker.cache_codec fp8 needs a kv_lora_rank that is a multiple of ", kFp8GroupSize,
+               "; this model's is ", engine_->kv_pool().layout().latent_dim));
+  }
   if (std::filesystem::exists(std::filesystem::path(options_.model_dir) / "tokenizer.json")) {
     ASSIGN_OR_RETURN_WITH(tokenizer_, tokenizer::Tokenizer::Load(options_.model_dir),
                           "loading the tokenizer");
@@ -61,6 +68,7 @@ absl::Status WorkerServer::Start() {
   core_->Start();
 
   KvFormat format;
+  format.codec = options_.core.cache_codec;
   format.block_tokens = static_cast<uint32_t>(options_.block_tokens);
   service_ = std::make_unique<WorkerService>(
       *core_, WorkerServiceOptions{.node_id = options_.node_id,
@@ -95,7 +103,7 @@ absl::Status WorkerServer::Start() {
     node.set_grpc_address(StrCat(host, ":", grpc_port_));
     node.set_cache_address(options_.cache_address);
     node.set_model(std::filesystem::path(options_.model_dir).filename());
-    node.mutable_kv_format()->set_codec(v1::CODEC_BF16);
+    node.mutable_kv_format()->set_codec(static_cast<v1::Codec>(options_.core.cache_codec));
     node.mutable_kv_format()->set_block_tokens(static_cast<uint32_t>(options_.block_tokens));
     node.mutable_kv_format()->set_layout_version(1);
     node.mutable_kv_format()->set_num_layers(

@@ -29,6 +29,7 @@ struct WorkerNode {
   ModelFingerprint fingerprint;
   bool has_fingerprint = false;
   uint32_t block_tokens = kDefaultBlockTokens;
+  KvCodec codec = KvCodec::kBf16;  // of the blocks it saves and loads (the namespace's codec)
 };
 
 class NodeDirectory {
@@ -38,7 +39,7 @@ class NodeDirectory {
   std::vector<WorkerNode> All() const;
   // Nodes whose cache server is `cache_address`.
   std::vector<NodeIndex> OnCache(const std::string& cache_address) const;
-  // The (fingerprint, block_tokens) of the first registered worker that reported one: the
+  // The (fingerprint, block_tokens, codec) of the first registered worker that reported one: the
   // cluster serves one model, so every worker names its blocks alike. nullopt when none.
   std::optional<WorkerNode> Reference() const;
 

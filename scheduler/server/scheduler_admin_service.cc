@@ -30,6 +30,7 @@ void SchedulerAdminService::FillState(const NodeView& view, v1::NodeState* state
     info->set_cache_address(node->cache_address);
     info->set_model(node->model);
     info->mutable_kv_format()->set_block_tokens(node->block_tokens);
+    info->mutable_kv_format()->set_codec(static_cast<v1::Codec>(node->codec));
     if (node->has_fingerprint) info->set_model_fingerprint(std::string(node->fingerprint.View()));
   }
   *state->mutable_load() = ToProto(view.load);

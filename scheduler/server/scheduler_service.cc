@@ -81,16 +81,27 @@ grpc::Status SchedulerService::Register(grpc::ServerContext*, const v1::Register
                         "node.kv_format.block_tokens must be a power of two >= 16");
   }
   node.block_tokens = block_tokens != 0 ? block_tokens : kDefaultBlockTokens;
+  switch (info.kv_format().codec()) {
+    case v1::CODEC_UNSPECIFIED:
+    case v1::CODEC_BF16:
+      node.codec = KvCodec::kBf16;
+      break;
+    case v1::CODEC_FP8_E4M3:
+      node.codec = KvCodec::kFp8E4M3;
+      break;
+    default:
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "node.kv_format.codec is unknown");
+  }
   if (node.has_fingerprint) {
     // One cluster, one way of naming blocks: a worker that disagrees would never hit the cache.
     std::optional<WorkerNode> ref = directory_->Reference();
     if (ref.has_value() && ref->id != info.node_id() &&
-        (ref->fingerprint != node.fingerprint || ref->block_tokens != node.block_tokens)) {
-      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                          StrCat("node ", info.node_id(),
-                                 " serves another model or block size "
-                                 "than node ",
-                                 ref->id));
+        (ref->fingerprint != node.fingerprint || ref->block_tokens != node.block_tokens ||
+         ref->codec != node.codec)) {
+      return grpc::Status(
+          grpc::StatusCode::FAILED_PRECONDITION,
+          StrCat("node ", info.node_id(),
+                 " serves another model, block size or cache codec than node ", ref->id));
     }
   }
   node.id = info.node_id().empty() ? StrCat("node-", next_anonymous_.fetch_add(1)) : info.node_id();

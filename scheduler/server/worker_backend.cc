@@ -251,6 +251,7 @@ void WorkerBackend::Run(const CompletionRequest& request, Call& call) {
   p.tokens = *std::move(tokens);
   p.block_tokens = reference->block_tokens;
   KvFormat format;
+  format.codec = reference->codec;
   format.block_tokens = p.block_tokens;
   p.ns = MakeNamespace(reference->fingerprint, format, request.cache_salt);
   p.keys = ComputeBlockKeys(p.ns, p.tokens, p.block_tokens);

@@ -92,7 +92,14 @@ TEST_F(SchedulerServiceTest, RegisterHeartbeatAndRefusals) {
   v1::NodeInfo odd = Node("w1");
   odd.mutable_kv_format()->set_block_tokens(32);
   EXPECT_EQ(Register(odd, &resp).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  v1::NodeInfo fp8 = Node("w1");  // fp8 blocks live in another namespace than bf16 ones
+  fp8.mutable_kv_format()->set_codec(v1::CODEC_FP8_E4M3);
+  EXPECT_EQ(Register(fp8, &resp).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(server_->directory().Reference()->codec, KvCodec::kBf16);
   v1::NodeInfo bad = Node("w1");
+  bad.mutable_kv_format()->set_codec(static_cast<v1::Codec>(9));
+  EXPECT_EQ(Register(bad, &resp).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  bad = Node("w1");
   bad.set_model_fingerprint("short");
   EXPECT_EQ(Register(bad, &resp).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   bad = Node("w1");

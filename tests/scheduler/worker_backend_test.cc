@@ -166,7 +166,7 @@ class WorkerBackendTest : public testing::Test {
   }
 
   void AddNode(const std::string& id, v1::NodeRole role, const ScriptedWorker& worker,
-               const std::string& cache_address = "cache-1") {
+               const std::string& cache_address = "cache-1", KvCodec codec = KvCodec::kBf16) {
     WorkerNode n;
     n.id = id;
     n.role = role;
@@ -175,6 +175,7 @@ class WorkerBackendTest : public testing::Test {
     n.fingerprint = fingerprint_;
     n.has_fingerprint = true;
     n.block_tokens = 16;
+    n.codec = codec;
     const NodeRoleKind kind = role == v1::ROLE_PREFILL  ? NodeRoleKind::kPrefill
                               : role == v1::ROLE_DECODE ? NodeRoleKind::kDecode
                                                         : NodeRoleKind::kBoth;
@@ -249,6 +250,33 @@ TEST_F(WorkerBackendTest, GenerateSendsThePlanAndStreamsTextAndUsage) {
   EXPECT_FLOAT_EQ(g.sampling().temperature(), 0.5f);
   ASSERT_EQ(g.sampling().stop_size(), 1);
   EXPECT_EQ(g.sampling().stop(0), "END");
+}
+
+// Workers that cache fp8 blocks get the fp8 namespace (and its keys) in their plans.
+TEST_F(WorkerBackendTest, ThePlanNamesBlocksInTheWorkersCodec) {
+  ScriptedWorker w;
+  w.stream = ScriptedWorker::Texts({"ok"}, v1::FINISH_LENGTH, /*cached=*/0);
+  AddNode("w0", v1::ROLE_BOTH, w, "cache-1", KvCodec::kFp8E4M3);
+  CompletionRequest req = Prompt(std::string(100, 'y'));
+  req.cache_salt = "tenant-b";
+  ASSERT_TRUE(Run(req)->status().ok());
+  std::lock_guard<std::mutex> lock(w.mu);
+  ASSERT_EQ(w.generate_calls, 1);
+  KvFormat format;
+  format.codec = KvCodec::kFp8E4M3;
+  format.block_tokens = 16;
+  const Namespace ns = MakeNamespace(fingerprint_, format, "tenant-b");
+  EXPECT_EQ(w.last_generate.cache().namespace_id(), std::string(ns.View()));
+  KvFormat bf16 = format;
+  bf16.codec = KvCodec::kBf16;
+  EXPECT_NE(ns, MakeNamespace(fingerprint_, bf16, "tenant-b"));
+  auto ids = tokenizer_->Encode(req.prompt, true);
+  ASSERT_TRUE(ids.ok());
+  const std::vector<uint32_t> u32(ids->begin(), ids->end());
+  const std::vector<BlockKey> keys = ComputeBlockKeys(ns, u32, 16);
+  ASSERT_GT(keys.size(), 0u);
+  ASSERT_EQ(w.last_generate.cache().block_keys_size(), static_cast<int>(keys.size()));
+  EXPECT_EQ(w.last_generate.cache().block_keys(0), std::string(keys[0].View()));
 }
 
 TEST_F(WorkerBackendTest, ChatIsRenderedWithTheTemplate) {
