@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/block_format.h"
 #include "compute_nodes/backend/cpu/cpu_engine.h"
 #include "compute_nodes/model/make_random.h"
 #include "compute_nodes/model/weights.h"
@@ -351,6 +352,39 @@ TEST_P(WorkerClusterTest, ChatTurnTwoHitsTheAnswer) {
   ASSERT_TRUE(s.status.ok()) << s.status.error_message();
   EXPECT_EQ(s.last.usage().cached().total(), 128u);  // > 64: the answer's block hit too
   EXPECT_EQ(s.tokens, Reference(turn2, 12));
+}
+
+// worker.cache_codec=fp8: the turn-1 blocks are saved as fp8 (what the worker reads for turn 2 is
+// two fp8 blocks' bytes) and turn 2 still hits them; its output is what the fp8 KV gives, so a
+// repeat of turn 2 gives it again.
+TEST_P(WorkerClusterTest, ChatTurnTwoHitsFp8Blocks) {
+  auto cache = StartCache();
+  auto w = StartWorker("both-0", "both", cache->grpc_address(), {"worker.cache_codec=fp8"});
+  auto stub = Stub(*w);
+  const auto turn1 = Prompt(100, 5);
+  const Stream answer = Generate(*stub, turn1, 60);
+  ASSERT_TRUE(answer.status.ok()) << answer.status.error_message();
+  EXPECT_EQ(answer.tokens, Reference(turn1, 60));  // nothing came from the cache yet
+  std::vector<int32_t> turn2 = turn1;
+  turn2.insert(turn2.end(), answer.tokens.begin(), answer.tokens.end());
+  const auto message = Prompt(30, 6);
+  turn2.insert(turn2.end(), message.begin(), message.end());
+  const double read_before = Metric(*w, "strata_cache_client_bytes_total", "direction=\"read\"");
+  const Stream s = Generate(*stub, turn2, 12);
+  ASSERT_TRUE(s.status.ok()) << s.status.error_message();
+  EXPECT_EQ(s.last.usage().cached().total(), 128u);
+  auto weights = model::LoadModel(model_dir_);
+  ASSERT_TRUE(weights.ok());
+  const model::ModelConfig& c = (*weights)->config;
+  const BlockLayout fp8 = MakeBlockLayout(
+      {.codec = KvCodec::kFp8E4M3}, static_cast<uint32_t>(c.num_hidden_layers),
+      static_cast<uint32_t>(c.kv_lora_rank), static_cast<uint32_t>(c.qk_rope_head_dim));
+  EXPECT_EQ(Metric(*w, "strata_cache_client_bytes_total", "direction=\"read\"") - read_before,
+            2.0 * static_cast<double>(fp8.TotalBytes()));
+  const Stream again = Generate(*stub, turn2, 12);
+  ASSERT_TRUE(again.status.ok()) << again.status.error_message();
+  EXPECT_EQ(again.last.usage().cached().total(), 128u);
+  EXPECT_EQ(again.tokens, s.tokens);
 }
 
 TEST_P(WorkerClusterTest, SwapOutAndInUnderPagePressureKeepsOutputs) {
