@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <numeric>
 #include <random>
@@ -263,6 +264,47 @@ TEST(CpuEngineTest, Bf16PoolRestoresAPrefixExactly) {
   PageTable pc;
   const auto ref32 = RunAll(c, ids, &pc, 64, AttentionForm::kMha);
   EXPECT_FALSE(std::equal(ref32.begin(), ref32.end(), ref.begin()));
+}
+
+// An fp8 block restores the prefix at fp8 precision: what follows is close to the run that kept
+// its bf16 prefix, not equal (the figures are in docs/numerics.md).
+TEST(CpuEngineTest, Fp8BlocksRestoreAPrefixClosely) {
+  auto w = Tiny();
+  const std::vector<int32_t> ids = Ids(80, 5);
+  cpu::CpuEngine a(w, 4, 64, runtime::KvPrecision::kBf16);
+  PageTable pa;
+  const auto ref = RunAll(a, ids, &pa, 64, AttentionForm::kMha);
+  std::vector<uint8_t> payload;
+  ASSERT_TRUE(a.kv_pool().ExportPage(pa.pages[0], runtime::PayloadDtype::kFp8E4M3, &payload).ok());
+  EXPECT_EQ(payload.size(), a.kv_pool().PayloadBytes(runtime::PayloadDtype::kFp8E4M3));
+
+  cpu::CpuEngine b(w, 4, 64, runtime::KvPrecision::kBf16);
+  PageTable pb;
+  ASSERT_TRUE(runtime::EnsureCapacity(b.kv_pool(), pb, ids.size()).ok());
+  ASSERT_TRUE(b.kv_pool().ImportPage(pb.pages[0], runtime::PayloadDtype::kFp8E4M3, payload).ok());
+  SequenceInput in{std::span<const int32_t>(ids).subspan(64), 64, &pb, true, AttentionForm::kMha};
+  std::vector<SequenceOutput> out;
+  ASSERT_TRUE(b.Forward({&in, 1}, &out).ok());
+  const size_t vocab = w->config.vocab_size;
+  ASSERT_EQ(out[0].logits.size(), 16 * vocab);
+  double diff = 0, norm = 0;
+  int same_argmax = 0;
+  for (size_t r = 0; r < 16; ++r) {
+    const float* got = out[0].logits.data() + r * vocab;
+    const float* want = ref.data() + (64 + r) * vocab;
+    for (size_t v = 0; v < vocab; ++v) {
+      diff += (got[v] - want[v]) * double(got[v] - want[v]);
+      norm += double(want[v]) * want[v];
+    }
+    same_argmax +=
+        std::max_element(got, got + vocab) - got == std::max_element(want, want + vocab) - want;
+  }
+  const double rel = std::sqrt(diff / norm);
+  std::printf("fp8 prefix: logits relative error %.3e, argmax equal on %d of 16 rows\n", rel,
+              same_argmax);
+  EXPECT_GT(rel, 0) << "fp8 is lossy; equal logits mean the fp8 path was not taken";
+  EXPECT_LT(rel, 0.05);
+  EXPECT_GE(same_argmax, 14);
 }
 
 TEST(CpuEngineTest, RejectsBadInput) {
