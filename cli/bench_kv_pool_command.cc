@@ -2,7 +2,7 @@
 //
 //   strata bench kv-pool [--preset v2-lite-shape] [--pages 64] [--repeats 5] [--json PATH]
 //                        [--through-cache 1] [--run-mib 32] [--pool cuda|host]
-//                        [--register-arena 1]
+//                        [--register-arena 1] [--codec bf16|fp8]
 //
 // The pool has the preset's layout (every layer of a page: a block payload of layers x 64 tokens x
 // 576 bf16, 2.0 MB for v2-lite-shape, 4.5 MB for v3 with 61 layers). Side by side, in one run:
@@ -29,6 +29,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -61,7 +62,39 @@ struct Args {
   int64_t pages = 64, repeats = 5, run_mib = 32;
   bool through_cache = true;
   bool register_arena = true;  // --pool cuda: register the server's arena for reads in place
+  std::string codec = "bf16";  // of the block payloads: bf16 | fp8
+
+  runtime::PayloadDtype dtype() const {
+    return codec == "fp8" ? runtime::PayloadDtype::kFp8E4M3 : runtime::PayloadDtype::kBf16;
+  }
 };
+
+// Whether payload `b` holds the values of payload `a`: for bf16 the same bytes; for fp8 the same
+// k_pe bytes and latent values within one e4m3 step at the top of each group (an fp8 payload read
+// into bf16 pages and quantized again may land on a scale a bf16 rounding away).
+bool SamePayload(runtime::PayloadDtype dtype, const runtime::KvLayout& l,
+                 std::span<const uint8_t> a, std::span<const uint8_t> b) {
+  if (a.size() != b.size()) return false;
+  if (dtype != runtime::PayloadDtype::kFp8E4M3) return std::equal(a.begin(), a.end(), b.begin());
+  const int64_t codes = l.block_tokens * l.latent_dim, groups = codes / kFp8GroupSize;
+  const int64_t kpe_bytes = 2 * l.block_tokens * l.rope_dim;
+  const int64_t layer = codes + 4 * groups + kpe_bytes;
+  for (int64_t at = 0; at < l.num_layers * layer; at += layer) {
+    for (int64_t g = 0; g < groups; ++g) {
+      float sa, sb;
+      std::memcpy(&sa, a.data() + at + codes + 4 * g, 4);
+      std::memcpy(&sb, b.data() + at + codes + 4 * g, 4);
+      const float step = 32.5f * std::max(sa, sb);  // e4m3's step below 448, and a little
+      for (int64_t k = g * kFp8GroupSize; k < (g + 1) * kFp8GroupSize; ++k) {
+        const float va = Fp8E4M3ToFp32(a[at + k]) * sa, vb = Fp8E4M3ToFp32(b[at + k]) * sb;
+        if (!(std::fabs(va - vb) <= step)) return false;
+      }
+    }
+    const int64_t kpe = at + codes + 4 * groups;
+    if (!std::equal(a.begin() + kpe, a.begin() + kpe + kpe_bytes, b.begin() + kpe)) return false;
+  }
+  return true;
+}
 
 void Check(const absl::Status& st) {
   if (!st.ok()) Fail(1, StrCat("bench kv-pool: ", st.ToString()));
@@ -92,6 +125,7 @@ ThroughCache LoadThroughCache(const Args& a, runtime::KvPool& p, std::span<const
                               const std::vector<std::vector<uint8_t>>& payloads) {
   const runtime::KvLayout& l = p.layout();
   KvFormat format;
+  format.codec = a.codec == "fp8" ? KvCodec::kFp8E4M3 : KvCodec::kBf16;
   format.block_tokens = static_cast<uint32_t>(l.block_tokens);
   const BlockLayout layout =
       MakeBlockLayout(format, static_cast<uint32_t>(l.num_layers),
@@ -150,7 +184,7 @@ ThroughCache LoadThroughCache(const Args& a, runtime::KvPool& p, std::span<const
     std::vector<std::span<const uint8_t>> in;
     for (const cache_client::FetchedBlock& b : blocks) in.push_back(b.payload);
     int64_t done = 0;
-    Check(p.ImportPages(pages.subspan(first, in.size()), runtime::PayloadDtype::kBf16, in, &done));
+    Check(p.ImportPages(pages.subspan(first, in.size()), a.dtype(), in, &done));
     return true;
   };
   // One load; `fetch_s` (when set) gets the fetch's share: the import follows it.
@@ -190,9 +224,11 @@ ThroughCache LoadThroughCache(const Args& a, runtime::KvPool& p, std::span<const
        &t.load_in_place);
   std::vector<std::vector<uint8_t>> back;
   int64_t done = 0;
-  Check(p.ExportPages(pages, runtime::PayloadDtype::kBf16, &back, &done));
+  Check(p.ExportPages(pages, a.dtype(), &back, &done));
   for (int64_t i = 0; i < a.pages; ++i) {
-    if (back[i] != payloads[i]) Fail(1, StrCat("bench kv-pool: page ", i, " loaded wrong"));
+    if (!SamePayload(a.dtype(), l, back[i], payloads[i])) {
+      Fail(1, StrCat("bench kv-pool: page ", i, " loaded wrong"));
+    }
   }
   return t;
 }
@@ -222,35 +258,52 @@ void Run(const Args& a) {
   std::vector<int32_t> pages;
   for (int64_t i = 0; i < a.pages; ++i) pages.push_back(*p.Allocate());
   std::shuffle(pages.begin(), pages.end(), std::mt19937(1));
-  const size_t bytes = p.PayloadBytes(runtime::PayloadDtype::kBf16);
-  std::vector<std::vector<uint8_t>> payloads(a.pages, std::vector<uint8_t>(bytes));
-  std::mt19937 rng(2);
-  for (auto& v : payloads) {
-    for (size_t i = 0; i < bytes; i += 2) v[i] = static_cast<uint8_t>(rng());  // finite bf16
+  const size_t bytes = p.PayloadBytes(a.dtype());
+  std::vector<std::vector<uint8_t>> payloads(a.pages);
+  {
+    const size_t bf16_bytes = p.PayloadBytes(runtime::PayloadDtype::kBf16);
+    std::vector<std::vector<uint8_t>> bf16(a.pages, std::vector<uint8_t>(bf16_bytes));
+    std::mt19937 rng(2);
+    for (auto& v : bf16) {  // finite normal values of both signs, magnitudes 2^-8 to 2^2
+      for (size_t i = 0; i < bf16_bytes; i += 2) {
+        v[i] = static_cast<uint8_t>(rng());
+        v[i + 1] = static_cast<uint8_t>((0x3b + rng() % 5) | (rng() & 0x80));
+      }
+    }
+    if (a.dtype() == runtime::PayloadDtype::kBf16) {
+      payloads = std::move(bf16);
+    } else {  // fp8 payloads: bf16 pages quantized by the pool
+      const std::vector<std::span<const uint8_t>> in(bf16.begin(), bf16.end());
+      int64_t done = 0;
+      Check(p.ImportPages(pages, runtime::PayloadDtype::kBf16, in, &done));
+      Check(p.ExportPages(pages, a.dtype(), &payloads, &done));
+    }
   }
   std::vector<std::span<const uint8_t>> spans(payloads.begin(), payloads.end());
   const double total = static_cast<double>(bytes) * a.pages;
   const double import_one = MedianSeconds(a.repeats, [&] {
     for (int64_t i = 0; i < a.pages; ++i) {
-      Check(p.ImportPage(pages[i], runtime::PayloadDtype::kBf16, spans[i]));
+      Check(p.ImportPage(pages[i], a.dtype(), spans[i]));
     }
   });
   const double import_batched = MedianSeconds(a.repeats, [&] {
     int64_t done = 0;
-    Check(p.ImportPages(pages, runtime::PayloadDtype::kBf16, spans, &done));
+    Check(p.ImportPages(pages, a.dtype(), spans, &done));
   });
   std::vector<std::vector<uint8_t>> out(a.pages);
   const double export_one = MedianSeconds(a.repeats, [&] {
     for (int64_t i = 0; i < a.pages; ++i) {
-      Check(p.ExportPage(pages[i], runtime::PayloadDtype::kBf16, &out[i]));
+      Check(p.ExportPage(pages[i], a.dtype(), &out[i]));
     }
   });
   const double export_batched = MedianSeconds(a.repeats, [&] {
     int64_t done = 0;
-    Check(p.ExportPages(pages, runtime::PayloadDtype::kBf16, &out, &done));
+    Check(p.ExportPages(pages, a.dtype(), &out, &done));
   });
   for (int64_t i = 0; i < a.pages; ++i) {
-    if (out[i] != payloads[i]) Fail(1, StrCat("bench kv-pool: page ", i, " did not round-trip"));
+    if (!SamePayload(a.dtype(), layout, out[i], payloads[i])) {
+      Fail(1, StrCat("bench kv-pool: page ", i, " did not round-trip"));
+    }
   }
 
   // The same payloads in the pool's pinned buffer.
@@ -266,15 +319,15 @@ void Run(const Args& a) {
   }
   const double import_pinned = MedianSeconds(a.repeats, [&] {
     int64_t done = 0;
-    Check(p.ImportPages(pages, runtime::PayloadDtype::kBf16, pinned_in, &done));
+    Check(p.ImportPages(pages, a.dtype(), pinned_in, &done));
   });
   std::memset((*pinned)->data(), 0, (*pinned)->size());
   const double export_pinned = MedianSeconds(a.repeats, [&] {
     int64_t done = 0;
-    Check(p.ExportPagesInto(pages, runtime::PayloadDtype::kBf16, pinned_out, &done));
+    Check(p.ExportPagesInto(pages, a.dtype(), pinned_out, &done));
   });
   for (int64_t i = 0; i < a.pages; ++i) {
-    if (!std::equal(payloads[i].begin(), payloads[i].end(), pinned_out[i].begin())) {
+    if (!SamePayload(a.dtype(), layout, payloads[i], pinned_out[i])) {
       Fail(1, StrCat("bench kv-pool: page ", i, " did not round-trip through the pinned buffer"));
     }
   }
@@ -282,12 +335,12 @@ void Run(const Args& a) {
       a.through_cache ? LoadThroughCache(a, p, pages, payloads) : ThroughCache{};
 
   std::cout << fmt::format(
-      "bench kv-pool: {} pool, {} ({} layers), {} pages of {:.2f} MB (bf16 payloads)\n"
+      "bench kv-pool: {} pool, {} ({} layers), {} pages of {:.2f} MB ({} payloads)\n"
       "  import: per page {:.2f} GB/s, batched {:.2f} GB/s ({:.2f}x), pinned {:.2f} GB/s "
       "({:.2f}x)\n"
       "  export: per page {:.2f} GB/s, batched {:.2f} GB/s ({:.2f}x), pinned {:.2f} GB/s "
       "({:.2f}x)\n",
-      a.pool, a.preset, layout.num_layers, a.pages, bytes / 1e6, total / import_one / 1e9,
+      a.pool, a.preset, layout.num_layers, a.pages, bytes / 1e6, a.codec, total / import_one / 1e9,
       total / import_batched / 1e9, import_one / import_batched, total / import_pinned / 1e9,
       import_batched / import_pinned, total / export_one / 1e9, total / export_batched / 1e9,
       export_one / export_batched, total / export_pinned / 1e9, export_batched / export_pinned);
@@ -326,8 +379,9 @@ void Run(const Args& a) {
       ratios["kv_load_through_cache_runs_vs_whole"] = cached.load_pinned / cached.load_runs;
       ratios["kv_load_through_cache_in_place_vs_runs"] = cached.load_runs / cached.load_in_place;
     }
-    nlohmann::json report = {{"pool", a.pool},      {"preset", a.preset}, {"pages", a.pages},
-                             {"page_bytes", bytes}, {"gbps", gbps},       {"ratios", ratios}};
+    nlohmann::json report = {{"pool", a.pool},   {"preset", a.preset},  {"pages", a.pages},
+                             {"codec", a.codec}, {"page_bytes", bytes}, {"gbps", gbps},
+                             {"ratios", ratios}};
     std::ofstream f(a.json);
     f << report.dump(2) << "\n";
     if (!f) Fail(1, StrCat("bench kv-pool: cannot write ", a.json));
@@ -355,6 +409,9 @@ void RegisterBenchKvPoolCommand(CLI::App& app) {
                   "--pool cuda: register the cache server's arena with CUDA so the kernels read "
                   "blocks in place (0: the device pool declines, blocks are copied)")
       ->default_val(true);
+  cmd->add_option("--codec", a->codec, "Codec of the block payloads moved")
+      ->default_val("bf16")
+      ->check(CLI::IsMember({"bf16", "fp8"}));
   cmd->add_option("--run-mib", a->run_mib, "Run size of the pipelined load through the cache")
       ->default_val(32)
       ->check(CLI::Range(1, 4096));

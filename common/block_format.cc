@@ -1,6 +1,7 @@
 #include "common/block_format.h"
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -320,44 +321,52 @@ void Bf16ToFp32(std::span<const uint16_t> in, std::span<float> out) {
 
 // ---- fp8 e4m3 ----
 
-uint8_t Fp32ToFp8E4M3(float x) {
-  if (std::isnan(x)) return 0x7F;
-  const uint8_t sign = std::signbit(x) ? 0x80 : 0x00;
-  const float a = std::fabs(x);
-  if (a >= kFp8E4M3Max) return sign | 0x7E;
-  constexpr float kMinNormal = 0x1p-6f;
-  if (a < kMinNormal) {
-    // Subnormal: a = m · 2^-9, m in [0, 8]; m == 8 is the smallest normal, whose encoding is 8.
-    const auto m = static_cast<uint8_t>(std::nearbyint(a * 0x1p9f));
-    return sign | m;
+namespace {
+
+// Fp32ToFp8E4M3, inlined into QuantizeFp8E4M3's loop.
+[[gnu::always_inline]] inline uint8_t ToE4M3(float x) {
+  uint32_t bits = std::bit_cast<uint32_t>(x);
+  const auto sign = static_cast<uint8_t>((bits >> 24) & 0x80);
+  bits &= 0x7FFFFFFFu;
+  if (bits > 0x7F800000u) return 0x7F;          // NaN
+  if (bits >= 0x43E00000u) return sign | 0x7E;  // |x| >= 448 (and infinity): saturate
+  if (bits < 0x3C800000u) {                     // |x| < 2^-6: subnormal, m · 2^-9, m in [0, 8]
+    // m == 8 is the smallest normal, whose encoding is 8. Adding and taking away 2^23 rounds
+    // a · 2^9 (< 8) to the nearest integer, ties to even, without a libm call.
+    const float m = (std::bit_cast<float>(bits) * 0x1p9f + 0x1p23f) - 0x1p23f;
+    return sign | static_cast<uint8_t>(m);
   }
-  int e = 0;
-  const float f = std::frexp(a, &e);  // a = f · 2^e, f in [0.5, 1)
-  const int exponent = e - 1;         // a = (1 + m/8) · 2^exponent
-  auto m = static_cast<int>(std::nearbyint((std::ldexp(f, 1) - 1.0f) * 8.0f));
-  int biased = exponent + 7;
-  if (m == 8) {
-    m = 0;
-    ++biased;
-  }
-  const int code = std::min((biased << 3) | m, 0x7E);  // a < 448 cannot round past 448
-  return sign | static_cast<uint8_t>(code);
+  // Normal: keep 3 of the 23 mantissa bits, to nearest even; a carry moves into the exponent.
+  // (exponent << 3 | mantissa) then moves from fp32's bias (127) to e4m3's (7).
+  const uint32_t rounded = (bits + 0x7FFFFu + ((bits >> 20) & 1u)) >> 20;
+  const uint32_t code = rounded - ((127u - 7u) << 3);
+  return sign | static_cast<uint8_t>(std::min<uint32_t>(code, 0x7E));  // < 448 stays below 0x7F
 }
 
-float Fp8E4M3ToFp32(uint8_t x) {
-  const bool negative = (x & 0x80) != 0;
-  const int biased = (x >> 3) & 0xF;
-  const int m = x & 0x7;
-  float v;
-  if (biased == 0xF && m == 0x7) {
-    v = std::numeric_limits<float>::quiet_NaN();
-  } else if (biased == 0) {
-    v = std::ldexp(static_cast<float>(m), -9);
-  } else {
-    v = std::ldexp(1.0f + static_cast<float>(m) / 8.0f, biased - 7);
+}  // namespace
+
+uint8_t Fp32ToFp8E4M3(float x) { return ToE4M3(x); }
+
+namespace {
+
+// Every e4m3 code's value: 0x7F / 0xFF are NaN, biased exponent 0 is subnormal (m · 2^-9).
+std::array<float, 256> MakeFp8E4M3Values() {
+  std::array<float, 256> v{};
+  for (int x = 0; x < 256; ++x) {
+    const int biased = (x >> 3) & 0xF, m = x & 0x7;
+    float a = biased == 0xF && m == 0x7 ? std::numeric_limits<float>::quiet_NaN()
+              : biased == 0             ? std::ldexp(static_cast<float>(m), -9)
+                            : std::ldexp(1.0f + static_cast<float>(m) / 8.0f, biased - 7);
+    v[x] = (x & 0x80) != 0 ? -a : a;
   }
-  return negative ? -v : v;
+  return v;
 }
+
+const std::array<float, 256> kFp8E4M3Values = MakeFp8E4M3Values();
+
+}  // namespace
+
+float Fp8E4M3ToFp32(uint8_t x) { return kFp8E4M3Values[x]; }
 
 absl::Status QuantizeFp8E4M3(std::span<const float> in, std::span<uint8_t> out,
                              std::span<float> scales) {
@@ -383,7 +392,7 @@ absl::Status QuantizeFp8E4M3(std::span<const float> in, std::span<uint8_t> out,
     scales[g] = scale;
     for (size_t i = 0; i < group.size(); ++i) {
       // A zero scale (all-zero group, or values so small that max/448 underflows) encodes zeros.
-      out[g * kFp8GroupSize + i] = scale > 0.0f ? Fp32ToFp8E4M3(group[i] / scale) : 0;
+      out[g * kFp8GroupSize + i] = scale > 0.0f ? ToE4M3(group[i] / scale) : 0;
     }
   }
   return absl::OkStatus();
@@ -393,8 +402,11 @@ void DequantizeFp8E4M3(std::span<const uint8_t> in, std::span<const float> scale
                        std::span<float> out) {
   STRATA_CHECK(in.size() == out.size(), "DequantizeFp8E4M3: size mismatch");
   STRATA_CHECK(scales.size() * kFp8GroupSize == in.size(), "DequantizeFp8E4M3: scale count");
-  for (size_t i = 0; i < in.size(); ++i) {
-    out[i] = Fp8E4M3ToFp32(in[i]) * scales[i / kFp8GroupSize];
+  for (size_t g = 0; g < scales.size(); ++g) {
+    const float scale = scales[g];
+    for (size_t i = g * kFp8GroupSize; i < (g + 1) * kFp8GroupSize; ++i) {
+      out[i] = kFp8E4M3Values[in[i]] * scale;
+    }
   }
 }
 

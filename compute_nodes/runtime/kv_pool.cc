@@ -111,16 +111,29 @@ void HostKvPool::StoreRow(int32_t page, int64_t layer, int64_t slot, const float
 namespace {
 
 // model::FloatToBf16 (round to nearest even, NaN stays a quiet NaN) as a select, written so the
-// compiler vectorizes it.
+// compiler vectorizes the loops that call it.
+inline uint16_t Bf16Bits(uint32_t bits) {
+  const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+  const uint32_t quiet_nan = (bits >> 16) | 0x40u;
+  return static_cast<uint16_t>((bits & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
+}
+
 void ToBf16(const float* src, int64_t n, uint8_t* dst) {
   for (int64_t i = 0; i < n; ++i) {
     uint32_t bits;
     std::memcpy(&bits, src + i, 4);
-    const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
-    const uint32_t quiet_nan = (bits >> 16) | 0x40u;
-    const uint16_t b =
-        static_cast<uint16_t>((bits & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
+    const uint16_t b = Bf16Bits(bits);
     std::memcpy(dst + 2 * i, &b, 2);
+  }
+}
+
+// Each value rounded to bf16, in place.
+void RoundToBf16(float* v, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, v + i, 4);
+    bits = uint32_t{Bf16Bits(bits)} << 16;
+    std::memcpy(v + i, &bits, 4);
   }
 }
 
@@ -204,11 +217,7 @@ absl::Status HostKvPool::ImportPage(int32_t page, PayloadDtype dtype,
         float* latent = Latent(page, l);
         DequantizeFp8E4M3(std::span<const uint8_t>(at, f.codes), scales,
                           std::span<float>(latent, f.codes));
-        if (precision_ == KvPrecision::kBf16) {  // as the device pool's bf16 pages hold them
-          for (int64_t i = 0; i < f.codes; ++i) {
-            latent[i] = model::Bf16ToFloat(model::FloatToBf16(latent[i]));
-          }
-        }
+        if (precision_ == KvPrecision::kBf16) RoundToBf16(latent, f.codes);  // as the GPU's pages
         FromBf16(at + f.codes + 4 * f.scales, f.kpe, KPe(page, l));
       }
       break;

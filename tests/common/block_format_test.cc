@@ -2,8 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 
 #include "common/checksum.h"
@@ -381,6 +383,64 @@ TEST(Fp8E4M3, EncodingsMatchTheStandard) {
     if (std::isnan(f)) continue;
     EXPECT_EQ(Fp32ToFp8E4M3(f), c) << std::hex << c;
   }
+}
+
+// The straightforward e4m3 codec (frexp / ldexp, nearbyint), against which the bit-level one in
+// block_format.cc is checked.
+uint8_t ReferenceToE4M3(float x) {
+  if (std::isnan(x)) return 0x7F;
+  const uint8_t sign = std::signbit(x) ? 0x80 : 0x00;
+  const float a = std::fabs(x);
+  if (a >= 448.0f) return sign | 0x7E;
+  if (a < 0x1p-6f) return sign | static_cast<uint8_t>(std::nearbyint(a * 0x1p9f));
+  int e = 0;
+  const float f = std::frexp(a, &e);
+  int m = static_cast<int>(std::nearbyint((std::ldexp(f, 1) - 1.0f) * 8.0f));
+  int biased = e - 1 + 7;
+  if (m == 8) {
+    m = 0;
+    ++biased;
+  }
+  return sign | static_cast<uint8_t>(std::min((biased << 3) | m, 0x7E));
+}
+
+float ReferenceFromE4M3(uint8_t x) {
+  const int biased = (x >> 3) & 0xF, m = x & 0x7;
+  if (biased == 0xF && m == 0x7) return std::numeric_limits<float>::quiet_NaN();
+  const float v = biased == 0 ? std::ldexp(static_cast<float>(m), -9)
+                              : std::ldexp(1.0f + static_cast<float>(m) / 8.0f, biased - 7);
+  return (x & 0x80) != 0 ? -v : v;
+}
+
+TEST(Fp8E4M3, TheCodecIsTheStraightforwardOneBitForBit) {
+  for (int x = 0; x < 256; ++x) {
+    const float want = ReferenceFromE4M3(static_cast<uint8_t>(x)), got = Fp8E4M3ToFp32(x);
+    if (std::isnan(want)) {
+      EXPECT_TRUE(std::isnan(got)) << x;
+    } else {
+      EXPECT_EQ(std::bit_cast<uint32_t>(got), std::bit_cast<uint32_t>(want)) << x;
+    }
+  }
+  auto check = [](uint32_t bits) {
+    const float x = std::bit_cast<float>(bits);
+    ASSERT_EQ(Fp32ToFp8E4M3(x), ReferenceToE4M3(x)) << std::hex << "bits 0x" << bits;
+  };
+  for (uint32_t hi = 0; hi < 0x10000; ++hi) {  // every bf16 value, and its neighbours
+    check(hi << 16);
+    check((hi << 16) | 0x8000);  // ties of the bf16 grid
+    check((hi << 16) | 0x7FFF);
+  }
+  // Every rounding boundary of the normal range: the halfway points and either side of them.
+  for (uint32_t code = 0x08; code < 0x7E; ++code) {
+    const uint32_t mid = ((code + ((127u - 7u) << 3)) << 20) | 0x80000u;
+    for (uint32_t d : {0u, 1u, 2u}) {
+      check(mid + d);
+      check(mid - d);
+      check((mid + d) | 0x80000000u);
+    }
+  }
+  std::mt19937 rng(9);
+  for (int i = 0; i < 2000000; ++i) check(static_cast<uint32_t>(rng()));
 }
 
 TEST(Fp8E4M3, BlockScaledErrorIsBounded) {
