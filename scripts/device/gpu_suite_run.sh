@@ -37,6 +37,10 @@ timeout 90 ./strata bench kv-pool --preset v2-lite-shape --pages 64 \
   --json $OUT/bench_kv_pool.json > $OUT/bench_kv_pool.log 2>&1
 echo "bench kv-pool rc=$? at $(( $(date +%s) - start )) s"
 grep -E "import|export|load" $OUT/bench_kv_pool.log
+timeout 90 ./strata bench kv-pool --preset v2-lite-shape --pages 64 --codec fp8 \
+  --json $OUT/bench_kv_pool_fp8.json > $OUT/bench_kv_pool_fp8.log 2>&1
+echo "bench kv-pool --codec fp8 rc=$? at $(( $(date +%s) - start )) s"
+grep -E "import|export|load" $OUT/bench_kv_pool_fp8.log
 
 # A cuda worker daemon serving a generate call; its tokens against the cpu backend's.
 m=/tmp/gpu-suite-model

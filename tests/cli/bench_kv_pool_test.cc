@@ -50,6 +50,20 @@ TEST(BenchKvPoolTest, HostPoolRunsEveryMoveAndReportsIt) {
   EXPECT_GT(j["ratios"]["kv_load_through_cache_in_place_vs_runs"].get<double>(), 0);
 }
 
+TEST(BenchKvPoolTest, Fp8PayloadsRunEveryMoveToo) {
+  const std::string json = ::testing::TempDir() + "/bench-kv-pool-fp8.json";
+  const auto r = RunCommand(StrataBinaryPath() + " bench kv-pool --pool host --preset tiny" +
+                            " --pages 5 --repeats 1 --codec fp8 --json " + json);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("(fp8 payloads)"), std::string::npos) << r.output;
+  std::ifstream in(json);
+  const nlohmann::json j = nlohmann::json::parse(in);
+  EXPECT_EQ(j["codec"], "fp8");
+  EXPECT_GT(j["gbps"]["load_through_cache_in_place"].get<double>(), 0);
+  const auto bad = RunCommand(StrataBinaryPath() + " bench kv-pool --pool host --codec fp4");
+  EXPECT_NE(bad.exit_code, 0) << bad.output;
+}
+
 TEST(BenchKvPoolTest, AnUnknownPoolIsRefused) {
   const auto r = RunCommand(StrataBinaryPath() + " bench kv-pool --pool tpu --preset tiny");
   EXPECT_EQ(r.exit_code, 2) << r.output;
