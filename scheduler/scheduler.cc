@@ -26,6 +26,9 @@ absl::StatusOr<Placement> Scheduler::Decide(const PlacementRequest& request) {
   context.match = &match;
   context.models = options_.models;
   context.models.prefill = calibrator_.Model();
+  if (request.kv_bytes_per_token > 0) {
+    context.models.tiers.kv_bytes_per_token = request.kv_bytes_per_token;
+  }
   context.objectives = options_.objectives;
   ASSIGN_OR_RETURN(Placement placement, policy_->Place(request, context));
   if (!placement.rejected) {

@@ -33,6 +33,9 @@ struct PlacementRequest {
   uint64_t prompt_tokens = 0;
   uint32_t max_output_tokens = 0;
   int priority = 0;  // higher runs first; < 0 is background (batch)
+  // KV bytes per token of the blocks (the model's layers and the cache codec), which prices a
+  // block load; 0: the tier model's default (DeepSeek-V3, bf16).
+  double kv_bytes_per_token = 0;
 };
 
 struct Objectives {

@@ -30,6 +30,7 @@ struct WorkerNode {
   bool has_fingerprint = false;
   uint32_t block_tokens = kDefaultBlockTokens;
   KvCodec codec = KvCodec::kBf16;  // of the blocks it saves and loads (the namespace's codec)
+  double kv_bytes_per_token = 0;   // of those blocks, every layer; 0: not reported
 };
 
 class NodeDirectory {

@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "common/block_format.h"
 #include "common/strings.h"
 #include "spdlog/spdlog.h"
 
@@ -81,6 +82,7 @@ grpc::Status SchedulerService::Register(grpc::ServerContext*, const v1::Register
                         "node.kv_format.block_tokens must be a power of two >= 16");
   }
   node.block_tokens = block_tokens != 0 ? block_tokens : kDefaultBlockTokens;
+  const v1::KvFormat& f = info.kv_format();
   switch (info.kv_format().codec()) {
     case v1::CODEC_UNSPECIFIED:
     case v1::CODEC_BF16:
@@ -91,6 +93,16 @@ grpc::Status SchedulerService::Register(grpc::ServerContext*, const v1::Register
       break;
     default:
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "node.kv_format.codec is unknown");
+  }
+  if (f.num_layers() > 0 && f.kv_lora_rank() > 0 && f.rope_dim() > 0) {
+    const BlockLayout layout{.codec = node.codec,
+                             .n_layers = f.num_layers(),
+                             .block_tokens = node.block_tokens,
+                             .kv_lora_rank = f.kv_lora_rank(),
+                             .rope_dim = f.rope_dim()};
+    if (ValidateBlockLayout(layout).ok()) {
+      node.kv_bytes_per_token = double(layout.BytesPerTokenPerLayer()) * f.num_layers();
+    }
   }
   if (node.has_fingerprint) {
     // One cluster, one way of naming blocks: a worker that disagrees would never hit the cache.

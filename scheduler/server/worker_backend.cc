@@ -51,6 +51,7 @@ struct WorkerBackend::Prepared {
   Namespace ns;
   std::vector<BlockKey> keys;
   uint32_t block_tokens = kDefaultBlockTokens;
+  double kv_bytes_per_token = 0;  // the reference worker's (0: unknown)
   v1::SamplingParams sampling;
   std::string id_prefix;
 };
@@ -250,6 +251,7 @@ void WorkerBackend::Run(const CompletionRequest& request, Call& call) {
   Prepared p;
   p.tokens = *std::move(tokens);
   p.block_tokens = reference->block_tokens;
+  p.kv_bytes_per_token = reference->kv_bytes_per_token;
   KvFormat format;
   format.codec = reference->codec;
   format.block_tokens = p.block_tokens;
@@ -264,6 +266,7 @@ void WorkerBackend::Run(const CompletionRequest& request, Call& call) {
   PlacementRequest preq;
   preq.keys = p.keys;
   preq.block_tokens = p.block_tokens;
+  preq.kv_bytes_per_token = p.kv_bytes_per_token;
   preq.prompt_tokens = p.tokens.size();
   preq.max_output_tokens = request.max_tokens;
   preq.priority = request.priority;

@@ -216,6 +216,35 @@ TEST(PlacementTest, StrataPicksDecodeByTbtHeadroomAndFreePages) {
   EXPECT_TRUE(policy.Place(f.request, f.Ready())->rejected);
 }
 
+// A request's KV bytes per token (its model's layers, its cache codec) price its block loads.
+TEST(SchedulerTest, BlockLoadsArePricedByTheRequestsKvSize) {
+  SchedulerOptions options;
+  options.policy = "strata";
+  auto scheduler = *Scheduler::Create(options);
+  const absl::Time t0 = absl::UnixEpoch();
+  scheduler->load().Register("b0", "h0", NodeRoleKind::kBoth, t0);
+  const auto keys = Chain(0, 8);
+  scheduler->index().Stored(0, CacheTier::kSsd, keys);
+  PlacementRequest request;
+  request.keys = keys;
+  request.block_tokens = 64;
+  request.prompt_tokens = 8 * 64 + 10;
+  request.max_output_tokens = 4;
+  const double fixed = options.models.tiers.fixed_latency_s;
+  std::vector<double> load;
+  for (const double bytes : {0.0, 70272.0, 40016.0}) {  // default; V3 bf16; V3 fp8 (61 x 656)
+    request.kv_bytes_per_token = bytes;
+    const Placement p = *scheduler->Decide(request);
+    EXPECT_EQ(p.cached_tokens, 8u * 64) << bytes;
+    load.push_back(p.predicted_load_s - fixed);
+    scheduler->ReportPrefillDone(p, p.new_tokens, p.cached_tokens, 0);
+    scheduler->ReportDecodeDone(p, request.prompt_tokens + request.max_output_tokens);
+  }
+  ASSERT_GT(load[1], 0);
+  EXPECT_DOUBLE_EQ(load[0], load[1]);  // the default is V3 in bf16
+  EXPECT_NEAR(load[2] / load[1], 40016.0 / 70272.0, 1e-9);
+}
+
 TEST(SchedulerTest, DecideBooksWorkAndReportsReleaseIt) {
   SchedulerOptions options;
   options.policy = "least_loaded";

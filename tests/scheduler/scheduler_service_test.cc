@@ -92,6 +92,7 @@ TEST_F(SchedulerServiceTest, RegisterHeartbeatAndRefusals) {
   v1::NodeInfo odd = Node("w1");
   odd.mutable_kv_format()->set_block_tokens(32);
   EXPECT_EQ(Register(odd, &resp).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(server_->directory().Reference()->kv_bytes_per_token, 0) << "no geometry reported";
   v1::NodeInfo fp8 = Node("w1");  // fp8 blocks live in another namespace than bf16 ones
   fp8.mutable_kv_format()->set_codec(v1::CODEC_FP8_E4M3);
   EXPECT_EQ(Register(fp8, &resp).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
@@ -109,7 +110,15 @@ TEST_F(SchedulerServiceTest, RegisterHeartbeatAndRefusals) {
   bad.clear_grpc_address();
   EXPECT_EQ(Register(bad, &resp).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
 
-  // The same worker re-registering (it restarted) is fine.
+  // The same worker re-registering (it restarted) is fine, and its KV geometry prices its blocks:
+  // DeepSeek-V3 (61 layers of 512 + 64) in bf16 is 70,272 bytes a token.
+  v1::NodeInfo v3 = Node("w0");
+  v3.mutable_kv_format()->set_num_layers(61);
+  v3.mutable_kv_format()->set_kv_lora_rank(512);
+  v3.mutable_kv_format()->set_rope_dim(64);
+  ASSERT_TRUE(Register(v3, &resp).ok());
+  EXPECT_EQ(server_->directory().Get(server_->directory().Reference()->index)->kv_bytes_per_token,
+            70272);
   ASSERT_TRUE(Register(Node("w0"), &resp).ok());
   EXPECT_FALSE(Heartbeat("w0", 7).reregister());
   EXPECT_TRUE(Heartbeat("never-registered").reregister());
