@@ -237,61 +237,65 @@ TEST(CpuEngineTest, DrawnTokensArePickedFromTheLastRow) {
   EXPECT_EQ(out[2].token, hot_again.Sample(out[2].logits));
 }
 
+// A prefix of 64 of `ids` computed in a bf16 pool, exported as a `dtype` block payload and
+// imported into a fresh bf16 pool, and the other 16 computed on top.
+struct Restored {
+  std::vector<float> reference;  // logits of every token of the uninterrupted run
+  std::vector<float> suffix;     // logits of the 16 tokens computed on the restored prefix
+  size_t payload_bytes = 0;
+};
+
+Restored RestoreAPrefix(const std::shared_ptr<const model::ModelWeights>& w,
+                        const std::vector<int32_t>& ids, runtime::PayloadDtype dtype) {
+  Restored r;
+  cpu::CpuEngine a(w, 4, 64, runtime::KvPrecision::kBf16);
+  PageTable pa;
+  r.reference = RunAll(a, ids, &pa, 64, AttentionForm::kMha);
+  std::vector<uint8_t> payload;
+  EXPECT_TRUE(a.kv_pool().ExportPage(pa.pages[0], dtype, &payload).ok());
+  r.payload_bytes = payload.size();
+  cpu::CpuEngine b(w, 4, 64, runtime::KvPrecision::kBf16);
+  PageTable pb;
+  EXPECT_TRUE(runtime::EnsureCapacity(b.kv_pool(), pb, ids.size()).ok());
+  EXPECT_TRUE(b.kv_pool().ImportPage(pb.pages[0], dtype, payload).ok());
+  SequenceInput in{std::span<const int32_t>(ids).subspan(64), 64, &pb, true, AttentionForm::kMha};
+  std::vector<SequenceOutput> out;
+  EXPECT_TRUE(b.Forward({&in, 1}, &out).ok());
+  if (!out.empty()) r.suffix = std::move(out[0].logits);
+  return r;
+}
+
 // With a bf16 pool, a prefix restored from a bf16 block payload is bit-identical to the prefix
 // computed in place, so the logits of what follows are equal, not just close.
 TEST(CpuEngineTest, Bf16PoolRestoresAPrefixExactly) {
   auto w = Tiny();
   const std::vector<int32_t> ids = Ids(80, 5);
-  cpu::CpuEngine a(w, 4, 64, runtime::KvPrecision::kBf16);
-  PageTable pa;
-  const auto ref = RunAll(a, ids, &pa, 64, AttentionForm::kMha);
-  std::vector<uint8_t> payload;
-  ASSERT_TRUE(a.kv_pool().ExportPage(pa.pages[0], runtime::PayloadDtype::kBf16, &payload).ok());
-
-  cpu::CpuEngine b(w, 4, 64, runtime::KvPrecision::kBf16);
-  PageTable pb;
-  ASSERT_TRUE(runtime::EnsureCapacity(b.kv_pool(), pb, ids.size()).ok());
-  ASSERT_TRUE(b.kv_pool().ImportPage(pb.pages[0], runtime::PayloadDtype::kBf16, payload).ok());
-  SequenceInput in{std::span<const int32_t>(ids).subspan(64), 64, &pb, true, AttentionForm::kMha};
-  std::vector<SequenceOutput> out;
-  ASSERT_TRUE(b.Forward({&in, 1}, &out).ok());
+  const Restored r = RestoreAPrefix(w, ids, runtime::PayloadDtype::kBf16);
   const size_t vocab = w->config.vocab_size;
-  ASSERT_EQ(out[0].logits.size(), 16 * vocab);
-  EXPECT_TRUE(std::equal(out[0].logits.begin(), out[0].logits.end(), ref.begin() + 64 * vocab));
+  ASSERT_EQ(r.suffix.size(), 16 * vocab);
+  EXPECT_TRUE(std::equal(r.suffix.begin(), r.suffix.end(), r.reference.begin() + 64 * vocab));
 
   // An fp32 pool exported through bf16 is lossy: the same restore is only close.
   cpu::CpuEngine c(w, 4);
   PageTable pc;
   const auto ref32 = RunAll(c, ids, &pc, 64, AttentionForm::kMha);
-  EXPECT_FALSE(std::equal(ref32.begin(), ref32.end(), ref.begin()));
+  EXPECT_FALSE(std::equal(ref32.begin(), ref32.end(), r.reference.begin()));
 }
 
 // An fp8 block restores the prefix at fp8 precision: what follows is close to the run that kept
 // its bf16 prefix, not equal (the figures are in docs/numerics.md).
 TEST(CpuEngineTest, Fp8BlocksRestoreAPrefixClosely) {
   auto w = Tiny();
-  const std::vector<int32_t> ids = Ids(80, 5);
-  cpu::CpuEngine a(w, 4, 64, runtime::KvPrecision::kBf16);
-  PageTable pa;
-  const auto ref = RunAll(a, ids, &pa, 64, AttentionForm::kMha);
-  std::vector<uint8_t> payload;
-  ASSERT_TRUE(a.kv_pool().ExportPage(pa.pages[0], runtime::PayloadDtype::kFp8E4M3, &payload).ok());
-  EXPECT_EQ(payload.size(), a.kv_pool().PayloadBytes(runtime::PayloadDtype::kFp8E4M3));
-
-  cpu::CpuEngine b(w, 4, 64, runtime::KvPrecision::kBf16);
-  PageTable pb;
-  ASSERT_TRUE(runtime::EnsureCapacity(b.kv_pool(), pb, ids.size()).ok());
-  ASSERT_TRUE(b.kv_pool().ImportPage(pb.pages[0], runtime::PayloadDtype::kFp8E4M3, payload).ok());
-  SequenceInput in{std::span<const int32_t>(ids).subspan(64), 64, &pb, true, AttentionForm::kMha};
-  std::vector<SequenceOutput> out;
-  ASSERT_TRUE(b.Forward({&in, 1}, &out).ok());
+  const Restored r = RestoreAPrefix(w, Ids(80, 5), runtime::PayloadDtype::kFp8E4M3);
+  cpu::CpuEngine probe(w, 1, 64);
+  EXPECT_EQ(r.payload_bytes, probe.kv_pool().PayloadBytes(runtime::PayloadDtype::kFp8E4M3));
   const size_t vocab = w->config.vocab_size;
-  ASSERT_EQ(out[0].logits.size(), 16 * vocab);
+  ASSERT_EQ(r.suffix.size(), 16 * vocab);
   double diff = 0, norm = 0;
   int same_argmax = 0;
-  for (size_t r = 0; r < 16; ++r) {
-    const float* got = out[0].logits.data() + r * vocab;
-    const float* want = ref.data() + (64 + r) * vocab;
+  for (size_t row = 0; row < 16; ++row) {
+    const float* got = r.suffix.data() + row * vocab;
+    const float* want = r.reference.data() + (64 + row) * vocab;
     for (size_t v = 0; v < vocab; ++v) {
       diff += (got[v] - want[v]) * double(got[v] - want[v]);
       norm += double(want[v]) * want[v];
