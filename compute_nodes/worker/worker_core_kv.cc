@@ -47,6 +47,7 @@ void WorkerCore::LoaderLoop() {
       std::vector<std::span<const uint8_t>> payloads;
       auto import_run = [&](size_t first, std::span<const cache_client::FetchedBlock> blocks) {
         const size_t fit = std::min(blocks.size(), pages.size() - std::min(pages.size(), first));
+        if (fit == 0) return false;  // more blocks than pages: the rest is not needed
         payloads.clear();
         for (size_t i = 0; i < fit; ++i) payloads.push_back(blocks[i].payload);
         int64_t done = 0;
