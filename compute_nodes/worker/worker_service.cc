@@ -116,6 +116,16 @@ absl::StatusOr<RequestSpec> WorkerService::MakeSpec(const Common& c, RequestKind
           StrCat("cache.namespace_id has ", c.cache.namespace_id().size(), " bytes, not 32"));
     }
     std::memcpy(spec.ns.bytes.data(), c.cache.namespace_id().data(), spec.ns.bytes.size());
+    // The plan names blocks as this worker would for the tenant, or it was made for another
+    // model, block size or cache codec: its blocks would be stored under names no reader of this
+    // kind asks for (or read in a layout this worker does not write).
+    if (spec.ns != MakeNamespace(options_.fingerprint, options_.format, spec.tenant)) {
+      return absl::InvalidArgumentError(
+          StrCat("cache.namespace_id is not this worker's for tenant '", spec.tenant,
+                 "' (a plan for another model, block size or cache codec "
+                 "(",
+                 KvCodecName(options_.format.codec), " here)?)"));
+    }
   } else {
     spec.ns = MakeNamespace(options_.fingerprint, options_.format, spec.tenant);
   }

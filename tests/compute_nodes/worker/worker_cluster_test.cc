@@ -387,6 +387,34 @@ TEST_P(WorkerClusterTest, ChatTurnTwoHitsFp8Blocks) {
   EXPECT_EQ(again.tokens, s.tokens);
 }
 
+// A plan whose namespace is not the worker's (another model, block size or codec) is refused
+// before anything is cached under it; the worker's own namespace for the tenant is taken.
+TEST_P(WorkerClusterTest, APlanForAnotherNamespaceIsRefused) {
+  auto cache = StartCache();
+  auto w = StartWorker("both-0", "both", cache->grpc_address(), {"worker.cache_codec=fp8"});
+  auto stub = Stub(*w);
+  auto weights = model::LoadModel(model_dir_);
+  ASSERT_TRUE(weights.ok());
+  auto generate = [&](const KvFormat& format) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    v1::GenerateRequest req;
+    SetPrompt(&req, Prompt(70, 8));
+    *req.mutable_sampling() = Greedy(2);
+    req.mutable_cache()->set_tenant("t");
+    req.mutable_cache()->set_namespace_id(
+        std::string(MakeNamespace((*weights)->fingerprint, format, "t").View()));
+    return ReadStream(stub->Generate(&ctx, req).get());
+  };
+  const Stream bf16 = generate({.codec = KvCodec::kBf16});
+  EXPECT_EQ(bf16.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(bf16.status.error_message().find("namespace"), std::string::npos)
+      << bf16.status.error_message();
+  const Stream fp8 = generate({.codec = KvCodec::kFp8E4M3});
+  EXPECT_TRUE(fp8.status.ok()) << fp8.status.error_message();
+  EXPECT_EQ(fp8.tokens.size(), 2u);
+}
+
 TEST_P(WorkerClusterTest, SwapOutAndInUnderPagePressureKeepsOutputs) {
   auto cache = StartCache();
   // 8 pages of 64 tokens; four sequences of 100 + 100 tokens need 16.
