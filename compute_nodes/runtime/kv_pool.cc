@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "common/block_format.h"
+#include "common/parallel_copy.h"
 #include "common/strings.h"
 #include "compute_nodes/model/safetensors.h"
 
@@ -226,16 +227,40 @@ absl::Status HostKvPool::ImportPage(int32_t page, PayloadDtype dtype,
   return absl::OkStatus();
 }
 
+namespace {
+
+// move(i) for every page i: on up to 8 threads when the pages are distinct (a repeated page is
+// moved in order, so the last payload wins as it would one at a time). *done counts the moves
+// before the first that failed, whose status is returned.
+template <typename Move>
+absl::Status MovePages(std::span<const int32_t> pages, size_t bytes_each, int64_t* done,
+                       const Move& move) {
+  std::vector<int32_t> sorted(pages.begin(), pages.end());
+  std::sort(sorted.begin(), sorted.end());
+  const bool distinct = std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end();
+  const auto n = static_cast<int64_t>(pages.size());
+  std::vector<absl::Status> status(pages.size());
+  if (distinct) {
+    ForEachCopy(n, n * static_cast<int64_t>(bytes_each), [&](int64_t i) { status[i] = move(i); });
+  } else {
+    for (int64_t i = 0; i < n && (i == 0 || status[i - 1].ok()); ++i) status[i] = move(i);
+  }
+  for (const absl::Status& st : status) {
+    if (!st.ok()) return st;
+    ++*done;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status KvPool::ImportPages(std::span<const int32_t> pages, PayloadDtype dtype,
                                  std::span<const std::span<const uint8_t>> payloads,
                                  int64_t* done) {
   *done = 0;
   if (auto st = CheckMoves("ImportPages", pages, dtype, payloads); !st.ok()) return st;
-  for (size_t i = 0; i < pages.size(); ++i) {
-    if (auto st = ImportPage(pages[i], dtype, payloads[i]); !st.ok()) return st;
-    ++*done;
-  }
-  return absl::OkStatus();
+  return MovePages(pages, PayloadBytes(dtype), done,
+                   [&](int64_t i) { return ImportPage(pages[i], dtype, payloads[i]); });
 }
 
 absl::Status KvPool::ExportPagesInto(std::span<const int32_t> pages, PayloadDtype dtype,
@@ -243,11 +268,8 @@ absl::Status KvPool::ExportPagesInto(std::span<const int32_t> pages, PayloadDtyp
                                      int64_t* done) const {
   *done = 0;
   if (auto st = CheckMoves("ExportPagesInto", pages, dtype, outs); !st.ok()) return st;
-  for (size_t i = 0; i < pages.size(); ++i) {
-    if (auto st = ExportPageInto(pages[i], dtype, outs[i]); !st.ok()) return st;
-    ++*done;
-  }
-  return absl::OkStatus();
+  return MovePages(pages, PayloadBytes(dtype), done,
+                   [&](int64_t i) { return ExportPageInto(pages[i], dtype, outs[i]); });
 }
 
 absl::Status KvPool::ExportPage(int32_t page, PayloadDtype dtype,

@@ -73,8 +73,11 @@ class KvPool {
   // Many pages at once (a cached prefix loaded, a sequence's blocks saved): payloads[i] <->
   // pages[i]. Every page and payload size is checked before anything moves. On an error after
   // that, the pages before `*done` (Import) or the payloads before it (Export) are complete and
-  // the rest are not. The base versions call the per-page ones; a device pool overlaps the host
-  // copies with the transfers, and skips them for payloads in its own host buffers (below).
+  // the rest may or may not be. The base versions call the per-page ones, on up to 8 threads
+  // when the pages are distinct and the payloads add up to megabytes (so ImportPage and
+  // ExportPageInto must be safe to call concurrently for distinct pages); a device pool overlaps
+  // the host copies with the transfers, and skips them for payloads in its own host buffers
+  // (below).
   virtual absl::Status ImportPages(std::span<const int32_t> pages, PayloadDtype dtype,
                                    std::span<const std::span<const uint8_t>> payloads,
                                    int64_t* done);

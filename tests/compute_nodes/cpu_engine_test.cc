@@ -462,6 +462,33 @@ TEST(KvPoolTest, BatchedMovesEqualPerPageMoves) {
   testutil::CheckHostBufferPageMoves(pool, 11, 8);
 }
 
+// Batches of megabytes move on several threads; a page named twice in one batch takes the
+// later payload, as it would one page at a time.
+TEST(KvPoolTest, LargeBatchesMoveOnThreadsAndRepeatedPagesInOrder) {
+  runtime::HostKvPool pool({/*num_layers=*/4, /*block_tokens=*/64, /*latent_dim=*/512,
+                            /*rope_dim=*/64},
+                           40, runtime::KvPrecision::kBf16);
+  testutil::CheckBatchedPageMoves(pool, 24, 41);  // 24 x 295 KB bf16 payloads
+  testutil::CheckFp8PageMoves(pool, 12, 42);
+  // Pages 0..14, then page 0 again: 16 payloads, 4.7 MB, enough for threads if it were distinct.
+  const size_t bytes = pool.PayloadBytes(runtime::PayloadDtype::kBf16);
+  std::vector<std::vector<uint8_t>> payloads(16, std::vector<uint8_t>(bytes));
+  std::vector<int32_t> pages;
+  for (size_t k = 0; k < 16; ++k) {
+    for (size_t i = 0; i < bytes; i += 2) payloads[k][i + 1] = static_cast<uint8_t>(0x30 + k);
+    pages.push_back(static_cast<int32_t>(k % 15));
+  }
+  const std::vector<std::span<const uint8_t>> in(payloads.begin(), payloads.end());
+  int64_t done = 0;
+  ASSERT_TRUE(pool.ImportPages(pages, runtime::PayloadDtype::kBf16, in, &done).ok());
+  EXPECT_EQ(done, 16);
+  std::vector<uint8_t> got;
+  ASSERT_TRUE(pool.ExportPage(0, runtime::PayloadDtype::kBf16, &got).ok());
+  EXPECT_EQ(got, payloads[15]);
+  ASSERT_TRUE(pool.ExportPage(14, runtime::PayloadDtype::kBf16, &got).ok());
+  EXPECT_EQ(got, payloads[14]);
+}
+
 TEST(KvPoolTest, Fp8PayloadsAreTheBlockFormatsCodec) {
   for (const runtime::KvPrecision precision :
        {runtime::KvPrecision::kBf16, runtime::KvPrecision::kF32}) {
