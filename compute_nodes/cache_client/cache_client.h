@@ -114,6 +114,9 @@ struct FetchOptions {
   // while run k is verified and handed to on_blocks, so a caller that moves blocks on (into KV
   // pages) overlaps that with the reads.
   uint64_t run_bytes = uint64_t{32} << 20;
+  // Whether run k + 1 is read on a helper thread while run k is handed over (else one run after
+  // the other); unset: on hosts of 4 cores or more, where the threads have cores to run on.
+  std::optional<bool> read_ahead;
 };
 
 struct FetchResult {

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <future>
 #include <system_error>
+#include <thread>
 #include <utility>
 
 #include "common/block_format.h"
@@ -289,10 +290,14 @@ FetchResult CacheClient::Fetch(const Namespace& ns, std::span<const BlockKey> ke
 
     // 4. Each run as it arrives: check its blocks, take them in order, hand them over.
     uint64_t bytes_read = 0;
+    // The overlap needs cores to spare: the reads and checks take up to 8 threads each, and the
+    // caller's import more. On a host of 2 or 3 the next run is read after this one by default.
+    static const bool many_cores = std::thread::hardware_concurrency() >= 4;
+    const bool overlap = options.read_ahead.value_or(many_cores);
     while (true) {
       const size_t next_end = std::min(readable, end + run_blocks);
       std::future<RunRead> next;
-      if (end < readable) {
+      if (end < readable && overlap) {
         try {
           next = std::async(std::launch::async, [&read_run, path, in_place, end, next_end] {
             return read_run(*path, in_place, end, next_end);

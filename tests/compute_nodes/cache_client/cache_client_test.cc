@@ -380,18 +380,20 @@ TEST_F(CacheClientTest, FetchHandsOverRunsOfBlocksInOrder) {
 
     // Runs of three blocks (a run size that is not a multiple of the block rounds down).
     Runs threes;
-    const FetchResult r = client->Fetch(ns, c.keys, c.tokens, Layout(), "req",
-                                        {.on_blocks = threes.Fn(), .run_bytes = 3 * block + 100});
+    const FetchResult r =
+        client->Fetch(ns, c.keys, c.tokens, Layout(), "req",
+                      {.on_blocks = threes.Fn(), .run_bytes = 3 * block + 100, .read_ahead = true});
     EXPECT_TRUE(r.first_failure.ok()) << r.first_failure;
     ExpectPayloads(r, c, 10);
     EXPECT_EQ(threes.seen,
               (std::vector<std::pair<size_t, size_t>>{{0, 3}, {3, 3}, {6, 3}, {9, 1}}));
     threes.ExpectCover(r);
 
-    // A run size below one block reads block by block; the default is one run here.
+    // A run size below one block reads block by block (here one run after the other); the
+    // default is one run here.
     Runs ones, whole;
     ExpectPayloads(client->Fetch(ns, c.keys, c.tokens, Layout(), "req",
-                                 {.on_blocks = ones.Fn(), .run_bytes = 1}),
+                                 {.on_blocks = ones.Fn(), .run_bytes = 1, .read_ahead = false}),
                    c, 10);
     EXPECT_EQ(ones.seen.size(), 10u);
     ExpectPayloads(client->Fetch(ns, c.keys, c.tokens, Layout(), "req", {.on_blocks = whole.Fn()}),
@@ -451,7 +453,8 @@ TEST_F(CacheClientTest, FetchReadsInPlaceFromAMappedServer) {
                  return record(first, blocks);
                },
            .in_place = in_place.Fn(),
-           .run_bytes = 3 * Layout().TotalBytes()});
+           .run_bytes = 3 * Layout().TotalBytes(),
+           .read_ahead = true});
       EXPECT_TRUE(r.first_failure.ok()) << r.first_failure;
       EXPECT_EQ(r.blocks.size(), 7u);
       EXPECT_TRUE(all_equal);
@@ -475,9 +478,9 @@ TEST_F(CacheClientTest, ACallerThatStopsTheFetchGetsNoMoreBlocks) {
   ASSERT_TRUE(client->Save(ns, "t", Layout(), c.blocks, "req").ok());
   Runs runs;
   runs.stop_after = 2;
-  const FetchResult r =
-      client->Fetch(ns, c.keys, c.tokens, Layout(), "req",
-                    {.on_blocks = runs.Fn(), .run_bytes = 2 * Layout().TotalBytes()});
+  const FetchResult r = client->Fetch(
+      ns, c.keys, c.tokens, Layout(), "req",
+      {.on_blocks = runs.Fn(), .run_bytes = 2 * Layout().TotalBytes(), .read_ahead = true});
   EXPECT_EQ(r.hit_blocks, 8);
   EXPECT_TRUE(absl::IsCancelled(r.first_failure)) << r.first_failure;
   ExpectPayloads(r, c, 4);
@@ -503,7 +506,8 @@ TEST_F(CacheClientTest, ABadBlockInALaterRunEndsThePrefixThere) {
     const FetchResult r = client->Fetch(ns, c.keys, c.tokens, Layout(), "req",
                                         {.on_blocks = runs.Fn(),
                                          .in_place = mapped ? in_place.Fn() : InPlaceFn(),
-                                         .run_bytes = 2 * Layout().TotalBytes()});
+                                         .run_bytes = 2 * Layout().TotalBytes(),
+                                         .read_ahead = true});
     EXPECT_EQ(r.mapping != nullptr, mapped);
     EXPECT_EQ(r.hit_blocks, 8);
     EXPECT_TRUE(absl::IsDataLoss(r.first_failure)) << r.first_failure;
