@@ -17,6 +17,7 @@ void RegisterBenchWorkerCommand(CLI::App& app) {
   struct Flags {
     worker::WorkerBenchOptions o;
     bool json = false;
+    std::string codec = "bf16";
   };
   auto f = std::make_shared<Flags>();
   cmd->add_option("--prompt-tokens", f->o.prompt_tokens, "Tokens of the long prompt")
@@ -42,6 +43,9 @@ void RegisterBenchWorkerCommand(CLI::App& app) {
                   "Keep only this many of the preset's layers (0: all); v2-lite-shape --layers 2 "
                   "is one dense and one MoE layer of DeepSeek-V2-Lite")
       ->capture_default_str();
+  cmd->add_option("--cache-codec", f->codec, "Codec of the cached blocks: bf16 or fp8")
+      ->check(CLI::IsMember({"bf16", "fp8"}))
+      ->capture_default_str();
   cmd->add_option("--model", f->o.model_dir,
                   "Checkpoint to use; a directory without one receives the bench model "
                   "(default: a temp dir)");
@@ -51,6 +55,7 @@ void RegisterBenchWorkerCommand(CLI::App& app) {
     if (absl::Status st = InitLogging({.level = "warn", .component = "bench"}); !st.ok()) {
       Fail(1, StrCat("bench worker: ", st.message()));
     }
+    f->o.cache_codec = f->codec == "fp8" ? KvCodec::kFp8E4M3 : KvCodec::kBf16;
     auto result = worker::RunWorkerBench(f->o);
     if (!result.ok()) {
       const absl::Status& st = result.status();

@@ -248,6 +248,7 @@ absl::StatusOr<json> RunWorkerBench(const WorkerBenchOptions& options) {
 
   // Cache server: DRAM only, blocks of this model's layout, room for every block the run saves.
   KvFormat format;
+  format.codec = o.cache_codec;
   format.block_tokens = static_cast<uint32_t>(o.block_tokens);
   const BlockLayout layout = MakeBlockLayout(
       format, static_cast<uint32_t>(config.num_hidden_layers),
@@ -283,7 +284,8 @@ absl::StatusOr<json> RunWorkerBench(const WorkerBenchOptions& options) {
   cpu::CpuEngine engine(weights, kv_pages, o.block_tokens, runtime::KvPrecision::kBf16);
   WorkerCore core(engine, caches,
                   WorkerCoreOptions{.token_budget = o.token_budget,
-                                    .max_running = std::max<int64_t>(64, max_batch)});
+                                    .max_running = std::max<int64_t>(64, max_batch),
+                                    .cache_codec = o.cache_codec});
   core.Start();
   Runner runner(core);
 
@@ -451,6 +453,7 @@ absl::StatusOr<json> RunWorkerBench(const WorkerBenchOptions& options) {
                        {"block_tokens", o.block_tokens},
                        {"kv_pages", kv_pages},
                        {"kv_precision", "bf16"},
+                       {"cache_codec", std::string(KvCodecName(o.cache_codec))},
                        {"cache", "in-process CacheServer, DRAM tier, tcp on loopback"}};
   return result;
 }

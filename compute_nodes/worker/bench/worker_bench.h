@@ -11,8 +11,9 @@
 //     token arrives, divided by that window (prefill excluded).
 //
 // The model is a preset (by default `v2-lite-shape` cut to 2 layers: the layer shapes of
-// DeepSeek-V2-Lite; `tiny` for quick runs) with a longer context (max_position_embeddings raised so the long prompt
-// fits) and optionally fewer layers, written once into `model_dir` (or a temp dir), fixed seed.
+// DeepSeek-V2-Lite; `tiny` for quick runs) with a longer context (max_position_embeddings raised so
+// the long prompt fits) and optionally fewer layers, written once into `model_dir` (or a temp dir),
+// fixed seed.
 //
 // Not thread-safe; runs everything it needs itself and tears it down before returning.
 #pragma once
@@ -22,6 +23,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/block_key.h"
 #include "nlohmann/json.hpp"
 
 namespace strata::worker {
@@ -35,10 +37,11 @@ struct WorkerBenchOptions {
   int64_t decode_prompt_tokens = 128;
   int64_t token_budget = 512;  // WorkerCoreOptions::token_budget (the daemon's default)
   int64_t block_tokens = 64;
+  KvCodec cache_codec = KvCodec::kBf16;  // of the cached blocks (worker.cache_codec)
   // The bench model's shape (model::PresetNames()); by default one dense and one MoE layer of
   // DeepSeek-V2-Lite's shape, whose mix of linear and attention work at 8K is the real model's.
   std::string preset = "v2-lite-shape";
-  int64_t layers = 2;  // > 0: keep only this many of the preset's layers
+  int64_t layers = 2;     // > 0: keep only this many of the preset's layers
   std::string model_dir;  // a checkpoint to use, or where to write the bench's own; empty: temp
   std::string work_dir;   // cache server data; empty: a temp dir (removed afterwards)
 };

@@ -83,6 +83,20 @@ TEST(BenchWorkerTest, TextOutputJudgesTheRatioAndBadFlagsAreRefused) {
               r.output.find("MISS") != std::string::npos)
       << r.output;
 
+  // fp8 cached blocks: the same cached share, loaded from fp8 blocks.
+  const auto fp8 = RunStrata(
+      "bench worker --preset tiny --prompt-tokens 256 --repeats 1 --batches 1 "
+      "--decode-tokens 2 --cache-codec fp8 --json --model " +
+          ModelDir(),
+      Stderr::kDiscard);
+  ASSERT_EQ(fp8.exit_code, 0) << fp8.output;
+  const json f = json::parse(fp8.output, nullptr, /*allow_exceptions=*/false);
+  ASSERT_FALSE(f.is_discarded()) << fp8.output;
+  EXPECT_EQ(f["options"]["cache_codec"], "fp8");
+  EXPECT_EQ(f["cached_tokens"].get<int64_t>(), 192);
+  EXPECT_EQ(f["worker_stats"]["fetch_failures"].get<int64_t>(), 0);
+  EXPECT_NE(RunStrata("bench worker --cache-codec fp4 --model " + ModelDir()).exit_code, 0);
+
   EXPECT_EQ(RunStrata("bench worker --cached-fraction 1.5 --model " + ModelDir()).exit_code, 2);
   EXPECT_EQ(RunStrata("bench worker --decode-tokens 1 --model " + ModelDir()).exit_code, 2);
   EXPECT_EQ(RunStrata("bench worker --layers -1 --model " + ModelDir()).exit_code, 2);
