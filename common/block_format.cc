@@ -300,15 +300,6 @@ bool IsBlockIdentityMismatch(const absl::Status& status) { return absl::IsNotFou
 
 // ---- bf16 ----
 
-uint16_t Fp32ToBf16(float x) {
-  const uint32_t bits = std::bit_cast<uint32_t>(x);
-  if (std::isnan(x)) return static_cast<uint16_t>((bits >> 16) | 0x0040);
-  const uint32_t rounding = 0x7FFF + ((bits >> 16) & 1);
-  return static_cast<uint16_t>((bits + rounding) >> 16);
-}
-
-float Bf16ToFp32(uint16_t x) { return std::bit_cast<float>(static_cast<uint32_t>(x) << 16); }
-
 void Fp32ToBf16(std::span<const float> in, std::span<uint16_t> out) {
   STRATA_CHECK(in.size() == out.size(), "Fp32ToBf16: size mismatch");
   for (size_t i = 0; i < in.size(); ++i) out[i] = Fp32ToBf16(in[i]);

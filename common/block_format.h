@@ -17,6 +17,7 @@
 #pragma once
 
 #include <array>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -139,8 +140,14 @@ bool IsBlockIdentityMismatch(const absl::Status& status);
 // ---- Numeric conversions for the payload ----
 
 // bf16 is the top half of an fp32; rounding is to nearest, ties to even. NaN stays NaN (quiet).
-uint16_t Fp32ToBf16(float x);
-float Bf16ToFp32(uint16_t x);
+// Inline and branch-free (a select), so the loops that call them vectorize.
+inline uint16_t Fp32ToBf16(float x) {
+  const uint32_t bits = std::bit_cast<uint32_t>(x);
+  const uint32_t rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
+  const uint32_t quiet_nan = (bits >> 16) | 0x0040u;
+  return static_cast<uint16_t>((bits & 0x7FFFFFFFu) > 0x7F800000u ? quiet_nan : rounded);
+}
+inline float Bf16ToFp32(uint16_t x) { return std::bit_cast<float>(static_cast<uint32_t>(x) << 16); }
 // `out.size()` must equal `in.size()` (checked).
 void Fp32ToBf16(std::span<const float> in, std::span<uint16_t> out);
 void Bf16ToFp32(std::span<const uint16_t> in, std::span<float> out);

@@ -111,40 +111,24 @@ void HostKvPool::StoreRow(int32_t page, int64_t layer, int64_t slot, const float
 
 namespace {
 
-// model::FloatToBf16 (round to nearest even, NaN stays a quiet NaN) as a select, written so the
-// compiler vectorizes the loops that call it.
-inline uint16_t Bf16Bits(uint32_t bits) {
-  const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
-  const uint32_t quiet_nan = (bits >> 16) | 0x40u;
-  return static_cast<uint16_t>((bits & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
-}
-
+// Element-wise through the block format's (inline, vectorizable) bf16 conversions; payload bytes
+// may be unaligned, hence the memcpys.
 void ToBf16(const float* src, int64_t n, uint8_t* dst) {
   for (int64_t i = 0; i < n; ++i) {
-    uint32_t bits;
-    std::memcpy(&bits, src + i, 4);
-    const uint16_t b = Bf16Bits(bits);
+    const uint16_t b = Fp32ToBf16(src[i]);
     std::memcpy(dst + 2 * i, &b, 2);
   }
 }
 
-// Each value rounded to bf16, in place.
-void RoundToBf16(float* v, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    uint32_t bits;
-    std::memcpy(&bits, v + i, 4);
-    bits = uint32_t{Bf16Bits(bits)} << 16;
-    std::memcpy(v + i, &bits, 4);
-  }
+void RoundToBf16(float* v, int64_t n) {  // in place
+  for (int64_t i = 0; i < n; ++i) v[i] = Bf16ToFp32(Fp32ToBf16(v[i]));
 }
 
-// bf16 is the top half of an fp32: a shift, written so the compiler vectorizes it.
 void FromBf16(const uint8_t* src, int64_t n, float* dst) {
   for (int64_t i = 0; i < n; ++i) {
     uint16_t b;
     std::memcpy(&b, src + 2 * i, 2);
-    const uint32_t bits = uint32_t{b} << 16;
-    std::memcpy(dst + i, &bits, 4);
+    dst[i] = Bf16ToFp32(b);
   }
 }
 
