@@ -117,7 +117,9 @@ double MedianSeconds(int64_t repeats, const Fn& fn) {
 // then one ImportPages (into a heap or the pinned buffer), or each run imported as it arrives.
 struct ThroughCache {
   double fetch_heap = 0, load_heap = 0, fetch_pinned = 0, load_pinned = 0, load_runs = 0;
-  double load_in_place = 0;
+  double load_in_place = 0, load_in_place_serial = 0;
+  // The ImportPages calls' own share (mean seconds per load) of the runs and in-place loads.
+  double import_runs = 0, import_in_place = 0;
   bool in_place = false;  // the pool took the blocks from the server's arena (else: copies)
 };
 
@@ -180,11 +182,14 @@ ThroughCache LoadThroughCache(const Args& a, runtime::KvPool& p, std::span<const
     }
     return absl::StatusOr<std::shared_ptr<HostBuffer>>(reused);
   };
+  double import_s = 0;  // the import calls' seconds, summed over the loads
   auto import = [&](size_t first, std::span<const cache_client::FetchedBlock> blocks) {
     std::vector<std::span<const uint8_t>> in;
     for (const cache_client::FetchedBlock& b : blocks) in.push_back(b.payload);
     int64_t done = 0;
+    const auto t0 = std::chrono::steady_clock::now();
     Check(p.ImportPages(pages.subspan(first, in.size()), a.dtype(), in, &done));
+    import_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     return true;
   };
   // One load; `fetch_s` (when set) gets the fetch's share: the import follows it.
@@ -211,17 +216,26 @@ ThroughCache LoadThroughCache(const Args& a, runtime::KvPool& p, std::span<const
   load({.run_bytes = kWhole}, &t.load_heap, &t.fetch_heap);
   load({.buffer = pinned, .run_bytes = kWhole}, &t.load_pinned, &t.fetch_pinned);
   const uint64_t run_bytes = uint64_t(a.run_mib) << 20;
+  const double loads = static_cast<double>(a.repeats + 1);  // with the warm-up
+  import_s = 0;
   load({.buffer = pinned, .on_blocks = import, .run_bytes = run_bytes}, &t.load_runs);
+  t.import_runs = import_s / loads;
+  cache_client::FetchOptions in_place{
+      .buffer = pinned,
+      .on_blocks = import,
+      .in_place =
+          [&](std::span<const uint8_t> region, const std::shared_ptr<const void>& owner) {
+            t.in_place = p.ReadsInPlace(region, owner);
+            return t.in_place;
+          },
+      .run_bytes = run_bytes,
+      .read_ahead = false};
+  load(in_place, &t.load_in_place_serial);
   // Last, so that the pages checked below hold what it loaded.
-  load({.buffer = pinned,
-        .on_blocks = import,
-        .in_place =
-            [&](std::span<const uint8_t> region, const std::shared_ptr<const void>& owner) {
-              t.in_place = p.ReadsInPlace(region, owner);
-              return t.in_place;
-            },
-        .run_bytes = run_bytes},
-       &t.load_in_place);
+  in_place.read_ahead.reset();  // the client's default, as the worker runs it
+  import_s = 0;
+  load(in_place, &t.load_in_place);
+  t.import_in_place = import_s / loads;
   std::vector<std::vector<uint8_t>> back;
   int64_t done = 0;
   Check(p.ExportPages(pages, a.dtype(), &back, &done));
@@ -245,7 +259,9 @@ void Run(const Args& a) {
   } else if (a.pool == "cuda") {
 #if STRATA_WITH_CUDA
     auto made =
-        cuda::DeviceKvPool::Create(layout, a.pages, {.register_shared_regions = a.register_arena});
+        cuda::DeviceKvPool::Create(layout, a.pages,
+                                   {.register_shared_regions = a.register_arena,
+                                    .register_in_background = false});  // in place from the start
     if (!made.ok()) Fail(1, StrCat("bench kv-pool: ", made.status().ToString()));
     pool = *std::move(made);
 #else
@@ -356,6 +372,11 @@ void Run(const Args& a) {
         cached.load_pinned / cached.load_runs,
         cached.in_place ? "read in place from the arena" : "with reads in place declined (copies)",
         total / cached.load_in_place / 1e9, cached.load_runs / cached.load_in_place);
+    std::cout << fmt::format(
+        "  of which the imports: {:.2f} GB/s in runs, {:.2f} GB/s in place; in place without "
+        "reading ahead {:.2f} GB/s\n",
+        total / cached.import_runs / 1e9, total / cached.import_in_place / 1e9,
+        total / cached.load_in_place_serial / 1e9);
   }
   if (!a.json.empty()) {
     nlohmann::json gbps = {{"import_per_page", total / import_one / 1e9},
@@ -375,6 +396,9 @@ void Run(const Args& a) {
       gbps["fetch_pinned"] = total / cached.fetch_pinned / 1e9;
       gbps["load_through_cache_runs"] = total / cached.load_runs / 1e9;
       gbps["load_through_cache_in_place"] = total / cached.load_in_place / 1e9;
+      gbps["load_through_cache_in_place_serial"] = total / cached.load_in_place_serial / 1e9;
+      gbps["import_in_runs"] = total / cached.import_runs / 1e9;
+      gbps["import_in_place"] = total / cached.import_in_place / 1e9;
       ratios["kv_load_through_cache_pinned_vs_heap"] = cached.load_heap / cached.load_pinned;
       ratios["kv_load_through_cache_runs_vs_whole"] = cached.load_pinned / cached.load_runs;
       ratios["kv_load_through_cache_in_place_vs_runs"] = cached.load_runs / cached.load_in_place;

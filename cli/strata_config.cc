@@ -135,6 +135,10 @@ void WorkerSection::Register(ConfigSchema& schema) {
                  "Codec of the KV blocks saved to and loaded from the cache (fp8: half the bytes "
                  "in every tier and on the wire, at fp8 precision; every worker of a cluster "
                  "must agree)");
+  schema.AddBool("worker.cache_read_in_place", &cache_read_in_place,
+                 "cuda backend, cache server on this host (shm): the GPU reads cached blocks in "
+                 "the server's shared memory (registered with CUDA in the background on first "
+                 "use); false: they are copied into a pinned buffer first");
   schema.AddInt("worker.token_budget", &token_budget,
                 "Tokens per engine step (decode tokens + prefill chunks)", 1, 1 << 20);
   schema.AddInt("worker.max_running", &max_running, "Sequences holding KV pages at once", 1,

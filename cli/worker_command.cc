@@ -47,6 +47,7 @@ absl::StatusOr<worker::WorkerServerOptions> ToWorkerOptions(const StrataConfig& 
     return absl::InvalidArgumentError("worker.block_tokens must be a power of two");
   }
   o.kv_bf16 = w.kv_precision == "bf16";
+  o.cache_read_in_place = w.cache_read_in_place;
   o.core.cache_codec = w.cache_codec == "fp8" ? KvCodec::kFp8E4M3 : KvCodec::kBf16;
   o.core.token_budget = w.token_budget;
   o.core.max_running = w.max_running;

@@ -35,6 +35,7 @@ absl::StatusOr<OpenedEngine> OpenEngine(const EngineOptions& options) {
     o.num_pages = options.num_pages;
     o.block_tokens = options.block_tokens;
     o.device = options.device;
+    o.read_cache_in_place = options.read_cache_in_place;
     ASSIGN_OR_RETURN_WITH(
         opened.engine,
         cuda::CudaEngine::FromCheckpoint(options.model_dir, o,

@@ -24,6 +24,9 @@ struct EngineOptions {
   runtime::KvPrecision kv_precision = runtime::KvPrecision::kF32;
   int device = 0;                 // CUDA device index
   bool want_fingerprint = false;  // the CPU loader always computes it
+  // cuda: import cached blocks from a same-host cache server's shm arena in place
+  // (CudaEngineOptions::read_cache_in_place).
+  bool read_cache_in_place = true;
 };
 
 struct OpenedEngine {

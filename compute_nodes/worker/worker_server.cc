@@ -34,6 +34,7 @@ absl::Status WorkerServer::Start() {
   engine_options.kv_precision =
       options_.kv_bf16 ? runtime::KvPrecision::kBf16 : runtime::KvPrecision::kF32;
   engine_options.want_fingerprint = true;
+  engine_options.read_cache_in_place = options_.cache_read_in_place;
   ASSIGN_OR_RETURN(backend::OpenedEngine opened, backend::OpenEngine(engine_options));
   const ModelFingerprint fingerprint = opened.fingerprint;
   engine_ = std::move(opened.engine);

@@ -39,6 +39,8 @@ struct WorkerServerOptions {
   int64_t kv_pages = 256;
   int64_t block_tokens = 64;
   bool kv_bf16 = true;  // round the KV pool to bf16, so cached blocks restore exactly
+  // cuda: the KV pool reads cached blocks in place from this host's cache server's shm arena.
+  bool cache_read_in_place = true;
   WorkerCoreOptions core;
   // Config `transfer.*` for the cache client's transfer engine (unset: its defaults).
   std::optional<transfer::EngineOptions> transfer;

@@ -7,8 +7,10 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstring>
 #include <random>
+#include <thread>
 
 #include "tests/compute_nodes/kv_pool_checks.h"
 
@@ -76,7 +78,8 @@ void ExpectImportsFrom(DeviceKvPool& pool, const Shared& shared, int n, uint32_t
 
 TEST(DeviceKvPoolTest, SharedRegionsAreRegisteredOnceAndReadInPlace) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
-  auto pool = DeviceKvPool::Create(kLayout, 12, {.register_shared_regions = true});
+  auto pool = DeviceKvPool::Create(
+      kLayout, 12, {.register_shared_regions = true, .register_in_background = false});
   ASSERT_TRUE(pool.ok()) << pool.status();
   const size_t bytes = (*pool)->PayloadBytes(runtime::PayloadDtype::kBf16);
   Shared a = MapShared(4096 + 11 * bytes + 4096);
@@ -95,6 +98,32 @@ TEST(DeviceKvPoolTest, SharedRegionsAreRegisteredOnceAndReadInPlace) {
   ExpectImportsFrom(**plain, b, 3, 2);  // staged
 }
 
+// By default the registration runs on a thread of its own: the region is declined until it is
+// done, then read in place. A pool destroyed while one still runs waits for it and undoes it.
+TEST(DeviceKvPoolTest, RegistrationRunsInTheBackground) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  auto pool = DeviceKvPool::Create(kLayout, 12, {.register_shared_regions = true});
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  Shared a = MapShared(size_t{512} << 20);  // registering it takes milliseconds
+  EXPECT_FALSE((*pool)->ReadsInPlace(a.bytes, a.owner)) << "registered within the first offer";
+  bool taken = false;
+  for (int i = 0; i < 1000 && !taken; ++i) {
+    taken = (*pool)->ReadsInPlace(a.bytes, a.owner);
+    if (!taken) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(taken) << "not registered within 10 s";
+  EXPECT_TRUE(Registered(a.bytes.data()));
+  ExpectImportsFrom(**pool, a, 11, 5);
+
+  Shared b = MapShared(size_t{512} << 20);
+  EXPECT_FALSE((*pool)->ReadsInPlace(b.bytes, b.owner));
+  pool->reset();  // while b may still be registering
+  EXPECT_FALSE(Registered(a.bytes.data()));
+  EXPECT_FALSE(Registered(b.bytes.data()));
+  EXPECT_EQ(a.owner.use_count(), 1);
+  EXPECT_EQ(b.owner.use_count(), 1);
+}
+
 // fp8 payloads: the kernels quantize on export and dequantize on import, as the block format's
 // own codec does (19 pages: batches of 8 + 8 + 3; staged and in place).
 TEST(DeviceKvPoolTest, Fp8PayloadsAreTheBlockFormatsCodec) {
@@ -108,7 +137,9 @@ TEST(DeviceKvPoolTest, Fp8PayloadsAreTheBlockFormatsCodec) {
 TEST(DeviceKvPoolTest, TheOldestRegionIsUnregisteredPastTheWindow) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
   auto pool = DeviceKvPool::Create(kLayout, 4,
-                                   {.register_shared_regions = true, .max_registered_regions = 1});
+                                   {.register_shared_regions = true,
+                                    .register_in_background = false,
+                                    .max_registered_regions = 1});
   ASSERT_TRUE(pool.ok()) << pool.status();
   const size_t bytes = (*pool)->PayloadBytes(runtime::PayloadDtype::kBf16);
   Shared a = MapShared(4096 + 3 * bytes), b = MapShared(4096 + 3 * bytes);

@@ -54,9 +54,9 @@ struct CudaEngineOptions {
   bool cuda_graphs = true;              // capture and replay all-decode steps
   int64_t moe_device_max_tokens = 256;  // MoE routing on the device up to this many tokens
   bool moe_grouped = true;  // past that, grouped wgmma expert GEMMs (sm_90) instead of cuBLAS ones
-  // The KV pool registers a same-host cache server's shm arena with CUDA and imports cached
-  // blocks from it in place (DeviceKvPoolOptions::register_shared_regions). Off until measured.
-  bool read_cache_in_place = false;
+  // The KV pool registers a same-host cache server's shm arena with CUDA (in the background) and
+  // imports cached blocks from it in place (DeviceKvPoolOptions::register_shared_regions).
+  bool read_cache_in_place = true;
 };
 
 // What the last Forward read from device memory (for the decode benchmark's HBM floor).

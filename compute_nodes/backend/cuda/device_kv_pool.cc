@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <future>
+#include <system_error>
 
 #include "common/cuda/cuda_status.h"
 #include "common/parallel_copy.h"
@@ -80,6 +82,7 @@ absl::StatusOr<std::unique_ptr<DeviceKvPool>> DeviceKvPool::Create(runtime::KvLa
     return absl::InvalidArgumentError("device KV pool: need pages and layers");
   }
   std::unique_ptr<DeviceKvPool> p(new DeviceKvPool(layout, num_pages, options));
+  CUDA_RETURN_IF_ERROR(cudaGetDevice(&p->device_));
   p->layer_stride_ = num_pages * layout.block_tokens * (layout.latent_dim + layout.rope_dim);
   CUDA_RETURN_IF_ERROR(cudaMalloc(reinterpret_cast<void**>(&p->pool_), p->device_bytes()));
   CUDA_RETURN_IF_ERROR(cudaMemset(p->pool_, 0, p->device_bytes()));
@@ -89,9 +92,7 @@ absl::StatusOr<std::unique_ptr<DeviceKvPool>> DeviceKvPool::Create(runtime::KvLa
 
 DeviceKvPool::~DeviceKvPool() {
   if (stream_ != nullptr) (void)cudaStreamSynchronize(stream_);
-  for (const SharedRegion& r : regions_) {
-    if (r.registered) (void)cudaHostUnregister(const_cast<uint8_t*>(r.base));
-  }
+  for (const SharedRegion& r : regions_) Unregister(r);  // waits for one still registering
   if (pool_ != nullptr) (void)cudaFree(pool_);
   if (staging_ != nullptr) (void)cudaFreeHost(staging_);
   if (host_batch_ != nullptr) (void)cudaFreeHost(host_batch_);
@@ -115,49 +116,89 @@ absl::StatusOr<std::shared_ptr<HostBuffer>> DeviceKvPool::AllocateHostBuffer(siz
                                       [](uint8_t* q) { (void)cudaFreeHost(q); });
 }
 
+namespace {
+
+// Registers [base, base + size) with CUDA, mapped, on `device`; false (logged) when it cannot.
+bool RegisterRegion(int device, const uint8_t* base, size_t size) {
+  const auto start = std::chrono::steady_clock::now();
+  void* p = const_cast<uint8_t*>(base);
+  if (const cudaError_t err = cudaSetDevice(device); err != cudaSuccess) {
+    (void)cudaGetLastError();
+    spdlog::warn("device KV pool: cannot register shared host memory on device {} ({})", device,
+                 cudaGetErrorString(err));
+    return false;
+  }
+  if (const cudaError_t err =
+          cudaHostRegister(p, size, cudaHostRegisterMapped | cudaHostRegisterPortable);
+      err != cudaSuccess) {
+    (void)cudaGetLastError();
+    spdlog::warn(
+        "device KV pool: cannot register {} bytes of shared host memory for reads in place "
+        "({}); copying blocks instead",
+        size, cudaGetErrorString(err));
+    return false;
+  }
+  if (MappedRange(base, size) == nullptr) {
+    (void)cudaHostUnregister(p);
+    spdlog::warn(
+        "device KV pool: registered shared host memory is not device-mapped; copying blocks "
+        "instead");
+    return false;
+  }
+  spdlog::info(
+      "device KV pool: registered {} MiB of shared host memory in {:.0f} ms; cached blocks are "
+      "read in place",
+      size >> 20,
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+  return true;
+}
+
+bool Ready(const std::shared_future<bool>& f) {
+  return f.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+}
+
+}  // namespace
+
+void DeviceKvPool::Unregister(const SharedRegion& r) {
+  if (r.registered.valid() && r.registered.get()) {
+    (void)cudaHostUnregister(const_cast<uint8_t*>(r.base));
+  }
+}
+
 bool DeviceKvPool::ReadsInPlace(std::span<const uint8_t> region,
                                 const std::shared_ptr<const void>& owner) {
   if (!options_.register_shared_regions || region.empty() || owner == nullptr) return false;
   std::lock_guard<std::mutex> lock(mu_);
   // A remembered region is still mapped (its owner is held), so its address cannot be another's.
   for (const SharedRegion& r : regions_) {
-    if (r.base == region.data() && r.size == region.size()) return r.registered;
+    if (r.base == region.data() && r.size == region.size()) {
+      return Ready(r.registered) && r.registered.get();
+    }
   }
   SharedRegion r{.base = region.data(), .size = region.size(), .owner = owner};
-  const auto start = std::chrono::steady_clock::now();
-  void* base = const_cast<uint8_t*>(region.data());
-  if (const cudaError_t err =
-          cudaHostRegister(base, region.size(), cudaHostRegisterMapped | cudaHostRegisterPortable);
-      err != cudaSuccess) {
-    (void)cudaGetLastError();
-    spdlog::warn(
-        "device KV pool: cannot register {} bytes of shared host memory for reads in "
-        "place ({}); copying blocks instead",
-        region.size(), cudaGetErrorString(err));
-  } else if (MappedRange(region.data(), region.size()) == nullptr) {
-    (void)cudaHostUnregister(base);
-    spdlog::warn(
-        "device KV pool: registered shared host memory is not device-mapped; copying "
-        "blocks instead");
-  } else {
-    r.registered = true;
-    spdlog::info(
-        "device KV pool: registered {} MiB of shared host memory in {:.0f} ms; cached "
-        "blocks are read in place",
-        region.size() >> 20,
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-            .count());
+  auto run = [device = device_, base = r.base, size = r.size] {
+    return RegisterRegion(device, base, size);
+  };
+  if (options_.register_in_background) {
+    try {
+      r.registered = std::async(std::launch::async, run).share();
+    } catch (const std::system_error& e) {  // no thread to be had: register it here
+      spdlog::debug("device KV pool: registering shared host memory inline: {}", e.what());
+    }
+  }
+  if (!r.registered.valid()) {
+    std::promise<bool> now;
+    now.set_value(run());
+    r.registered = now.get_future().share();
   }
   regions_.push_back(std::move(r));
   while (static_cast<int>(regions_.size()) > std::max(1, options_.max_registered_regions)) {
-    const SharedRegion& oldest = regions_.front();
-    if (oldest.registered) {
-      (void)cudaStreamSynchronize(stream_);  // moves are synchronous; this is belt and braces
-      (void)cudaHostUnregister(const_cast<uint8_t*>(oldest.base));
-    }
+    (void)cudaStreamSynchronize(stream_);  // moves are synchronous; this is belt and braces
+    Unregister(regions_.front());
     regions_.erase(regions_.begin());
   }
-  return regions_.back().registered;
+  const SharedRegion& added = regions_.back();
+  return Ready(added.registered) && added.registered.get();
 }
 
 namespace {

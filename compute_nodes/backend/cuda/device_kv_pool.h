@@ -17,12 +17,16 @@
 // With DeviceKvPoolOptions::register_shared_regions, host memory that another process shares
 // (a same-host cache server's shm arena, offered through ReadsInPlace) is registered with CUDA,
 // mapped, the first time it is offered, so that the kernels read cached blocks in it in place.
+// Registering pins every page of it (~8 ms per 512 MiB on the H200 machine, so seconds for a
+// production DRAM tier): by default that runs on a thread of its own, and the region is
+// declined (its blocks copied) until it is done.
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -35,8 +39,11 @@ namespace strata::cuda {
 struct DeviceKvPoolOptions {
   // ReadsInPlace registers the regions it is offered (cudaHostRegister, mapped): pins them and
   // keeps them mapped while registered. Off: it declines, and cached blocks are copied into the
-  // pool's pinned buffers instead. Not yet measured on the H200, hence off by default.
+  // pool's pinned buffers instead.
   bool register_shared_regions = false;
+  // Registers on a thread of its own, declining the region until that is done; else within the
+  // first ReadsInPlace call that offers it.
+  bool register_in_background = true;
   int max_registered_regions = 2;  // the oldest is unregistered past this (a restarted server)
 };
 
@@ -66,9 +73,10 @@ class DeviceKvPool final : public runtime::KvPool {
                                int64_t* done) const override;
   // Pinned (cudaHostAlloc, mapped and portable).
   absl::StatusOr<std::shared_ptr<HostBuffer>> AllocateHostBuffer(size_t bytes) const override;
-  // True when `region` is registered with CUDA, mapped: already, or now (register_shared_regions;
-  // the first offer pins it, which takes time in proportion to its size). A failure is logged and
-  // remembered, so the region is declined at once the next time.
+  // True when `region` is registered with CUDA, mapped (register_shared_regions). The first offer
+  // starts the registration, in the background (then this offer and those until it is done are
+  // declined) or within the call. A failure is logged and remembered, so the region is declined
+  // at once from then on.
   bool ReadsInPlace(std::span<const uint8_t> region,
                     const std::shared_ptr<const void>& owner) override;
 
@@ -90,11 +98,13 @@ class DeviceKvPool final : public runtime::KvPool {
     const uint8_t* base = nullptr;
     size_t size = 0;
     std::shared_ptr<const void> owner;
-    bool registered = false;
+    std::shared_future<bool> registered;  // whether cudaHostRegister took it (once it has run)
   };
 
   DeviceKvPool(runtime::KvLayout layout, int64_t num_pages, DeviceKvPoolOptions options)
       : KvPool(layout, num_pages), options_(options) {}
+  // Waits for the region's registration and undoes it.
+  static void Unregister(const SharedRegion& r);
   // The staging slots, descriptors and events (allocated on first use).
   absl::Status EnsureBatchStaging() const;
   uint8_t* StagingSlot(int set, int i) const;
@@ -117,6 +127,7 @@ class DeviceKvPool final : public runtime::KvPool {
   mutable Batch* dev_batch_ = nullptr;
   mutable cudaEvent_t batch_done_[2] = {nullptr, nullptr};
   const DeviceKvPoolOptions options_;
+  int device_ = 0;  // the CUDA device the pool lives on (a background registration sets it)
   std::vector<SharedRegion> regions_;  // under mu_ (no move runs while one is unregistered)
 };
 
