@@ -32,8 +32,10 @@ __device__ __forceinline__ uint4 LoadStream(const uint4* p) {
   return v;
 }
 
-template <int kNT, bool kGateUp>
-__global__ void __launch_bounds__(kThreads, 2) MoeExpertsKernel(MoeExpertsParams p) {
+// kDepth: reduction steps whose loads a warp issues before their MMAs (bytes in flight).
+template <int kNT, bool kGateUp, int kDepth>
+__global__ void __launch_bounds__(kThreads, kDepth >= 4 ? 1 : 2)
+    MoeExpertsKernel(MoeExpertsParams p) {
   __shared__ float red[kWarps][2][kNT][4][32];
   PdlGridSync();
   int e = 0, count = p.num_tokens, first = 0;
@@ -135,25 +137,12 @@ __global__ void __launch_bounds__(kThreads, 2) MoeExpertsKernel(MoeExpertsParams
         }
       }
     };
-    // A long reduction of one token tile (the down GEMV of a wide MLP, o_proj, q_proj at batch
-    // 1) keeps two steps' loads in flight per warp before their MMAs: those GEMVs are latency
-    // bound, bytes in flight set their speed (H200, v2-lite-shape at batch 1: the 10944-wide down
-    // 24.3 -> 18.8 us). Shorter reductions, two tiles and gate|up measured no better, or worse,
-    // that way. The accumulation order is s, s + kWarps, s + 2 kWarps, ... either way.
-    if (!kGateUp && kNT == 1 && num_steps >= 4 * kWarps) {
-      for (int s = warp; s < num_steps; s += 2 * kWarps) {
-        uint4 wa[2][2][2], xa[kNT][2], wb[2][2][2], xb[kNT][2];
-        load(s, wa, xa);
-        load(s + kWarps, wb, xb);
-        mma(wa, xa);
-        mma(wb, xb);
-      }
-    } else {
-      for (int s = warp; s < num_steps; s += kWarps) {
-        uint4 wv[2][2][2], xv[kNT][2];
-        load(s, wv, xv);
-        mma(wv, xv);
-      }
+    for (int s = warp; s < num_steps; s += kDepth * kWarps) {
+      uint4 wv[kDepth][2][2][2], xv[kDepth][kNT][2];
+#pragma unroll
+      for (int d = 0; d < kDepth; ++d) load(s + d * kWarps, wv[d], xv[d]);
+#pragma unroll
+      for (int d = 0; d < kDepth; ++d) mma(wv[d], xv[d]);
     }
 #pragma unroll
     for (int mt = 0; mt < 2; ++mt) {
@@ -205,17 +194,38 @@ absl::Status Invalid(const std::string& what) {
 }
 bool Misaligned(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 != 0; }
 
+// The kernel for `depth` (1, 2 or 4; deeper ones are built for one token tile only).
+template <int kNT, bool kGateUp>
+void LaunchDepth(int depth, dim3 grid, const MoeExpertsParams& p, cudaStream_t stream) {
+  auto* k = MoeExpertsKernel<kNT, kGateUp, 1>;
+  if constexpr (kNT == 1) {
+    if (depth == 2) k = MoeExpertsKernel<kNT, kGateUp, 2>;
+    if (depth == 4) k = MoeExpertsKernel<kNT, kGateUp, 4>;
+  }
+  (void)LaunchPdl(k, grid, dim3(kThreads), 0, stream, p);
+}
+
 template <int kNT>
 absl::Status Launch(const MoeExpertsParams& p, cudaStream_t stream, bool gate_up = true) {
   cudaError_t err = cudaSuccess;
   if (gate_up) {
     const dim3 grid_gu((p.inter + 15) / 16, p.max_active);
-    (void)LaunchPdl(MoeExpertsKernel<kNT, true>, grid_gu, dim3(kThreads), 0, stream, p);
+    // One token tile (batch 1, a few tokens per expert): every warp issues the loads of four
+    // steps (all of a 2048-wide reduction) before their MMAs, one block per SM for the registers.
+    // H200, v2-lite-shape decode at batch 1: step 2.66 -> 2.55-2.57 ms GPU (depth 2: 2.58-2.59).
+    LaunchDepth<kNT, true>(kNT == 1 ? 4 : 1, grid_gu, p, stream);
     err = cudaGetLastError();
   }
   if (err == cudaSuccess) {
     const dim3 grid_down((p.hidden + 31) / 32, p.max_active, p.batch);
-    (void)LaunchPdl(MoeExpertsKernel<kNT, false>, grid_down, dim3(kThreads), 0, stream, p);
+    // A long reduction of one token tile (the down GEMV of a wide MLP, o_proj, q_proj at batch
+    // 1) keeps two steps' loads in flight per warp: those GEMVs are latency bound, bytes in
+    // flight set their speed (H200, v2-lite-shape at batch 1: the 10944-wide down 24.3 -> 18.8
+    // us). Depth 2 for shorter reductions, depth 4 for all, and two tiles measured no better or
+    // worse (depth 4 for every down kernel: step 2.66 -> 2.78 ms). The accumulation order is s,
+    // s + kWarps, s + 2 kWarps, ... at any depth, so the results do not change.
+    const int steps = (p.inter + kStepK - 1) / kStepK;
+    LaunchDepth<kNT, false>(kNT == 1 && steps >= 4 * kWarps ? 2 : 1, grid_down, p, stream);
     err = cudaGetLastError();
   }
   if (err != cudaSuccess) {
