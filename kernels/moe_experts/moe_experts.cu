@@ -221,8 +221,9 @@ absl::Status Launch(const MoeExpertsParams& p, cudaStream_t stream, bool gate_up
     // A long reduction of one token tile (the down GEMV of a wide MLP, o_proj, q_proj at batch
     // 1) keeps two steps' loads in flight per warp: those GEMVs are latency bound, bytes in
     // flight set their speed (H200, v2-lite-shape at batch 1: the 10944-wide down 24.3 -> 18.8
-    // us). Depth 2 for shorter reductions, depth 4 for all, and two tiles measured no better or
-    // worse (depth 4 for every down kernel: step 2.66 -> 2.78 ms). The accumulation order is s,
+    // us). Depth 2 for shorter reductions, depth 4 for all, depth 4 for the grids that fit in one
+    // wave, and two tiles measured no better or worse (depth 4 for every down kernel: step 2.66
+    // -> 2.78 ms; for the one-wave grids 2.55 -> 2.59 ms). The accumulation order is s,
     // s + kWarps, s + 2 kWarps, ... at any depth, so the results do not change.
     const int steps = (p.inter + kStepK - 1) / kStepK;
     LaunchDepth<kNT, false>(kNT == 1 && steps >= 4 * kWarps ? 2 : 1, grid_down, p, stream);
