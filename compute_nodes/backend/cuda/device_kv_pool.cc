@@ -118,16 +118,11 @@ absl::StatusOr<std::shared_ptr<HostBuffer>> DeviceKvPool::AllocateHostBuffer(siz
 
 namespace {
 
-// Registers [base, base + size) with CUDA, mapped, on `device`; false (logged) when it cannot.
-bool RegisterRegion(int device, const uint8_t* base, size_t size) {
+// Registers [base, base + size) with CUDA, mapped, from the current device; false (logged) when
+// it cannot.
+bool RegisterRegion(const uint8_t* base, size_t size) {
   const auto start = std::chrono::steady_clock::now();
   void* p = const_cast<uint8_t*>(base);
-  if (const cudaError_t err = cudaSetDevice(device); err != cudaSuccess) {
-    (void)cudaGetLastError();
-    spdlog::warn("device KV pool: cannot register shared host memory on device {} ({})", device,
-                 cudaGetErrorString(err));
-    return false;
-  }
   if (const cudaError_t err =
           cudaHostRegister(p, size, cudaHostRegisterMapped | cudaHostRegisterPortable);
       err != cudaSuccess) {
@@ -176,19 +171,26 @@ bool DeviceKvPool::ReadsInPlace(std::span<const uint8_t> region,
     }
   }
   SharedRegion r{.base = region.data(), .size = region.size(), .owner = owner};
-  auto run = [device = device_, base = r.base, size = r.size] {
-    return RegisterRegion(device, base, size);
-  };
   if (options_.register_in_background) {
     try {
-      r.registered = std::async(std::launch::async, run).share();
+      r.registered =
+          std::async(std::launch::async, [device = device_, base = r.base, size = r.size] {
+            // A new thread starts on device 0.
+            if (const cudaError_t err = cudaSetDevice(device); err != cudaSuccess) {
+              (void)cudaGetLastError();
+              spdlog::warn("device KV pool: cannot select device {} to register shared memory ({})",
+                           device, cudaGetErrorString(err));
+              return false;
+            }
+            return RegisterRegion(base, size);
+          }).share();
     } catch (const std::system_error& e) {  // no thread to be had: register it here
       spdlog::debug("device KV pool: registering shared host memory inline: {}", e.what());
     }
   }
   if (!r.registered.valid()) {
     std::promise<bool> now;
-    now.set_value(run());
+    now.set_value(RegisterRegion(r.base, r.size));
     r.registered = now.get_future().share();
   }
   regions_.push_back(std::move(r));
