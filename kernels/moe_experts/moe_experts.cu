@@ -194,13 +194,14 @@ absl::Status Invalid(const std::string& what) {
 }
 bool Misaligned(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 != 0; }
 
-// The kernel for `depth` (1, 2 or 4; deeper ones are built for one token tile only).
+// The kernels built: depth 1 for every shape; at one token tile, gate|up at depth 4 and down at
+// depth 2 (the variants measured best, see Launch).
 template <int kNT, bool kGateUp>
-void LaunchDepth(int depth, dim3 grid, const MoeExpertsParams& p, cudaStream_t stream) {
+void LaunchDepth(bool deep, dim3 grid, const MoeExpertsParams& p, cudaStream_t stream) {
   auto* k = MoeExpertsKernel<kNT, kGateUp, 1>;
   if constexpr (kNT == 1) {
-    if (depth == 2) k = MoeExpertsKernel<kNT, kGateUp, 2>;
-    if (depth == 4) k = MoeExpertsKernel<kNT, kGateUp, 4>;
+    constexpr int kDeep = kGateUp ? 4 : 2;
+    if (deep) k = MoeExpertsKernel<kNT, kGateUp, kDeep>;
   }
   (void)LaunchPdl(k, grid, dim3(kThreads), 0, stream, p);
 }
@@ -213,7 +214,7 @@ absl::Status Launch(const MoeExpertsParams& p, cudaStream_t stream, bool gate_up
     // One token tile (batch 1, a few tokens per expert): every warp issues the loads of four
     // steps (all of a 2048-wide reduction) before their MMAs, one block per SM for the registers.
     // H200, v2-lite-shape decode at batch 1: step 2.66 -> 2.55-2.57 ms GPU (depth 2: 2.58-2.59).
-    LaunchDepth<kNT, true>(kNT == 1 ? 4 : 1, grid_gu, p, stream);
+    LaunchDepth<kNT, true>(/*deep=*/true, grid_gu, p, stream);
     err = cudaGetLastError();
   }
   if (err == cudaSuccess) {
@@ -226,7 +227,7 @@ absl::Status Launch(const MoeExpertsParams& p, cudaStream_t stream, bool gate_up
     // -> 2.78 ms; for the one-wave grids 2.55 -> 2.59 ms). The accumulation order is s,
     // s + kWarps, s + 2 kWarps, ... at any depth, so the results do not change.
     const int steps = (p.inter + kStepK - 1) / kStepK;
-    LaunchDepth<kNT, false>(kNT == 1 && steps >= 4 * kWarps ? 2 : 1, grid_down, p, stream);
+    LaunchDepth<kNT, false>(/*deep=*/steps >= 4 * kWarps, grid_down, p, stream);
     err = cudaGetLastError();
   }
   if (err != cudaSuccess) {

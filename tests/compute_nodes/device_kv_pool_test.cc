@@ -1,6 +1,7 @@
 // DeviceKvPool::ReadsInPlace: host memory another process shares (as a cache server's shm arena
-// is: a memfd mapped MAP_SHARED) is registered with CUDA once, imported from in place, and
-// unregistered when it falls out of the pool's window. Label gpu; skipped without a GPU.
+// is: a memfd mapped MAP_SHARED) is registered with CUDA once (in the background by default),
+// imported from in place, and unregistered when it falls out of the pool's window or nothing but
+// the pool holds it any more. Label gpu; skipped without a GPU.
 #include "compute_nodes/backend/cuda/device_kv_pool.h"
 
 #include <gtest/gtest.h>
@@ -9,6 +10,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <thread>
 
@@ -155,6 +157,25 @@ TEST(DeviceKvPoolTest, TheOldestRegionIsUnregisteredPastTheWindow) {
   pool->reset();  // unregisters before it lets the mapping go
   EXPECT_FALSE(Registered(b.bytes.data()));
   EXPECT_EQ(b.owner.use_count(), 1);
+}
+
+// A region whose last other holder let it go (a restarted server's old arena, once the client's
+// data path is re-opened) is unregistered and unmapped at the next offer, not kept pinned.
+TEST(DeviceKvPoolTest, ARegionOnlyThePoolHoldsIsLetGo) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  auto pool = DeviceKvPool::Create(
+      kLayout, 4, {.register_shared_regions = true, .register_in_background = false});
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  const size_t bytes = (*pool)->PayloadBytes(runtime::PayloadDtype::kBf16);
+  Shared a = MapShared(4096 + 3 * bytes), b = MapShared(4096 + 3 * bytes);
+  ASSERT_TRUE((*pool)->ReadsInPlace(a.bytes, a.owner));
+  const std::weak_ptr<const void> old = a.owner;
+  a.owner.reset();  // the transport's reference goes: only the pool holds the mapping
+  ASSERT_FALSE(old.expired());
+  ASSERT_TRUE((*pool)->ReadsInPlace(b.bytes, b.owner));
+  EXPECT_TRUE(old.expired()) << "the old region is still held";
+  EXPECT_TRUE(Registered(b.bytes.data()));
+  ExpectImportsFrom(**pool, b, 3, 6);  // in place from the new one
 }
 
 }  // namespace

@@ -164,6 +164,16 @@ bool DeviceKvPool::ReadsInPlace(std::span<const uint8_t> region,
                                 const std::shared_ptr<const void>& owner) {
   if (!options_.register_shared_regions || region.empty() || owner == nullptr) return false;
   std::lock_guard<std::mutex> lock(mu_);
+  // A region that only the pool still holds was let go by its transport (the server restarted
+  // and the data path was re-opened): no fetch can hand over blocks in it any more, so it is
+  // unregistered and unmapped now instead of staying pinned until it falls out of the window.
+  // (One still registering is left for a later call: waiting for it would hold up this one.)
+  std::erase_if(regions_, [this](const SharedRegion& r) {
+    if (r.owner.use_count() != 1 || !Ready(r.registered)) return false;
+    (void)cudaStreamSynchronize(stream_);  // moves are synchronous; this is belt and braces
+    Unregister(r);
+    return true;
+  });
   // A remembered region is still mapped (its owner is held), so its address cannot be another's.
   for (const SharedRegion& r : regions_) {
     if (r.base == region.data() && r.size == region.size()) {

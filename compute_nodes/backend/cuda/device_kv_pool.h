@@ -44,7 +44,9 @@ struct DeviceKvPoolOptions {
   // Registers on a thread of its own, declining the region until that is done; else within the
   // first ReadsInPlace call that offers it.
   bool register_in_background = true;
-  int max_registered_regions = 2;  // the oldest is unregistered past this (a restarted server)
+  // The oldest is unregistered past this many. A region nothing but the pool holds any more (a
+  // restarted server's old arena, once the client re-opened its data path) goes at the next offer.
+  int max_registered_regions = 2;
 };
 
 class DeviceKvPool final : public runtime::KvPool {
