@@ -31,6 +31,7 @@ struct ClientMetrics {
   MetricFamily<Counter>& fetch_failures;
   MetricFamily<Counter>& saved;
   MetricFamily<Counter>& bytes;
+  Counter& in_place;
 
   static ClientMetrics& Get() {
     static ClientMetrics* m = [] {
@@ -44,6 +45,10 @@ struct ClientMetrics {
                        "Blocks offered to a cache server, per outcome", {"outcome"}),
           r.AddCounter("strata_cache_client_bytes_total",
                        "Block bytes moved to or from cache servers", {"direction", "transport"}),
+          r.AddCounter("strata_cache_client_in_place_blocks_total",
+                       "Fetched blocks the caller took from the server's shared memory, uncopied",
+                       {})
+              .Labels({}),
       };
     }();
     return *m;

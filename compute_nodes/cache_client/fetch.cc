@@ -341,6 +341,7 @@ FetchResult CacheClient::Fetch(const Namespace& ns, std::span<const BlockKey> ke
             FromProtoTier(loc.found_in() != v1::TIER_UNSPECIFIED ? loc.found_in() : loc.tier());
         out.blocks.push_back({.tier = tier, .payload = checked[i - begin].payload});
         im.metrics.fetched.Labels({std::string(TierLabel(tier))}).Increment();
+        if (in_place) im.metrics.in_place.Increment();
       }
       // The checked part of the run (all of it unless a block failed) goes to the caller.
       if (out.blocks.size() > begin && options.on_blocks &&

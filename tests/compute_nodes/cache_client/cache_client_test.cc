@@ -422,6 +422,14 @@ struct InPlace {
   }
 };
 
+// strata_cache_client_in_place_blocks_total (registering an existing family again returns it).
+double InPlaceBlocks() {
+  return MetricsRegistry::Default()
+      .AddCounter("strata_cache_client_in_place_blocks_total", "", {})
+      .Labels({})
+      .Value();
+}
+
 TEST_F(CacheClientTest, FetchReadsInPlaceFromAMappedServer) {
   for (const TransportKind kind : {TransportKind::kShm, TransportKind::kTcp}) {
     for (const bool take : {true, false}) {
@@ -434,6 +442,7 @@ TEST_F(CacheClientTest, FetchReadsInPlaceFromAMappedServer) {
       ASSERT_TRUE(client->Save(ns, "t", Layout(), c.blocks, "req").ok());
 
       InPlace in_place{.take = take};
+      const double in_place0 = InPlaceBlocks();
       int buffers = 0;
       bool all_in_region = true, all_equal = true;
       Runs runs;
@@ -465,6 +474,7 @@ TEST_F(CacheClientTest, FetchReadsInPlaceFromAMappedServer) {
       EXPECT_EQ(r.mapping != nullptr, mapped);
       EXPECT_EQ(r.buffer != nullptr, !mapped);
       EXPECT_EQ(buffers, mapped ? 0 : 1);
+      EXPECT_EQ(InPlaceBlocks() - in_place0, mapped ? 7 : 0);
       EXPECT_EQ(ActiveLeases(), 0u);
     }
   }
