@@ -17,8 +17,10 @@
 //     each time importing after the whole fetch; then into the pinned buffer in runs of
 //     --run-mib, each run imported while the next one is read; then (what the worker's loader
 //     does) the same with the blocks read in place from the server's arena when the pool takes
-//     them from there (KvPool::ReadsInPlace: the host pool does; the device pool when it may
-//     register the arena with CUDA, --register-arena, which the worker does not do yet).
+//     them from there (KvPool::ReadsInPlace: the host pool does; the device pool registers the
+//     arena with CUDA unless --register-arena 0; here before the first load, the worker in the
+//     background), once without reading ahead and once as the client decides. The imports'
+//     own share of the last two kinds of load is reported too.
 // --pool host times the CPU backend's HostKvPool instead (its "pinned" buffer is heap memory):
 // the same code path without a GPU, for CI. GB/s = payload bytes / wall time of the call(s) that
 // move all --pages (median of --repeats). JSON ratios: kv_pool_{import,export}_batched_vs_per_page,
