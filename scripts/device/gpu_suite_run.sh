@@ -70,9 +70,10 @@ if [ -n "$port" ]; then
     && echo "sampled runs equal" || echo "sampled runs DIFFER"
 fi
 kill $wpid 2>/dev/null; wait $wpid 2>/dev/null
-# A cuda worker with a cache server on this host (shm): the same long prompt twice; the second
-# request loads its full blocks from the cache (fetched into the worker's pinned load buffer,
-# saved from its pinned save buffers) and must give the same tokens.
+# A cuda worker with a cache server on this host (shm): the same long prompt three times; the
+# second request loads its full blocks from the cache (copied: the worker registers the server's
+# arena with CUDA in the background from then on), the third reads them in place; both must give
+# the first run's tokens, and the worker's in-place counter must have moved.
 cdir=/tmp/gpu-suite-cache; rm -rf $cdir /tmp/gpu-suite-cache-ready /tmp/gpu-suite-ready2; mkdir -p $cdir
 ./strata cache --set cache.listen=127.0.0.1:0 --set cache.http_listen= \
   --set cache.transfer_listen=127.0.0.1:0 --set cache.shm_socket=$cdir/shm.sock \
@@ -88,13 +89,19 @@ w2=$!
 for i in $(seq 1 60); do [ -s /tmp/gpu-suite-ready2 ] && break; sleep 1; done
 port2=$(sed -n 's/.*grpc=\([0-9]*\).*/\1/p' /tmp/gpu-suite-ready2 2>/dev/null)
 long=$(python3 -c "print(','.join(str((i * 37) % 5000 + 5) for i in range(200)))")
-for k in 1 2; do
+for k in 1 2 3; do
   timeout 60 ./strata generate --model $m --prompt-ids $long --max-tokens 16 \
     --worker 127.0.0.1:$port2 > $OUT/gen_cached$k.txt 2>&1
   echo "generate via worker with a cache, run $k rc=$?: $(tail -1 $OUT/gen_cached$k.txt | cut -c1-90)"
+  sleep 0.5  # the arena's registration (a few ms) before the next run
 done
-[ "$(head -1 $OUT/gen_cached1.txt)" = "$(head -1 $OUT/gen_cached2.txt)" ] \
-  && echo "cached run equal" || echo "cached run DIFFERS"
+for k in 2 3; do
+  [ "$(head -1 $OUT/gen_cached1.txt)" = "$(head -1 $OUT/gen_cached$k.txt)" ] \
+    && echo "cached run $k equal" || echo "cached run $k DIFFERS"
+done
+hport2=$(sed -n 's/.*http=\([0-9]*\).*/\1/p' /tmp/gpu-suite-ready2 2>/dev/null)
+python3 -c "import urllib.request; print([l for l in urllib.request.urlopen('http://127.0.0.1:$hport2/metrics').read().decode().splitlines() if l.startswith('strata_cache_client_in_place_blocks_total')])" 2>&1
+grep -E "registered .* shared host memory|copying blocks instead" $OUT/worker_cache.log | head -2
 kill $w2 $cpid 2>/dev/null; wait $w2 $cpid 2>/dev/null
 for f in gen_cpu gen_cuda gen_worker gen_worker_sampled1; do echo "== $f"; tail -3 $OUT/$f.txt 2>/dev/null; done
 timeout $(( $(left) < 150 ? $(left) : 150 )) ./strata bench decode --json $OUT/bench_decode.json \
