@@ -17,7 +17,7 @@
 // With DeviceKvPoolOptions::register_shared_regions, host memory that another process shares
 // (a same-host cache server's shm arena, offered through ReadsInPlace) is registered with CUDA,
 // mapped, the first time it is offered, so that the kernels read cached blocks in it in place.
-// Registering pins every page of it (~8 ms per 512 MiB on the H200 machine, so seconds for a
+// Registering pins every page of it (15-32 ms per 512 MiB on the H200 machine, so seconds for a
 // production DRAM tier): by default that runs on a thread of its own, and the region is
 // declined (its blocks copied) until it is done.
 #pragma once
