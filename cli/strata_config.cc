@@ -139,6 +139,10 @@ void WorkerSection::Register(ConfigSchema& schema) {
                  "cuda backend, cache server on this host (shm): the GPU reads cached blocks in "
                  "the server's shared memory (registered with CUDA in the background on first "
                  "use); false: they are copied into a pinned buffer first");
+  schema.AddBool("worker.resident_blocks", &resident_blocks,
+                 "Keep the full KV blocks of ended and swapped-out sequences in the KV pool, "
+                 "found again by key, until their pages are needed: a prompt that starts with "
+                 "them uses them without fetching anything; false: free the pages at once");
   schema.AddInt("worker.token_budget", &token_budget,
                 "Tokens per engine step (decode tokens + prefill chunks)", 1, 1 << 20);
   schema.AddInt("worker.max_running", &max_running, "Sequences holding KV pages at once", 1,

@@ -83,6 +83,7 @@ struct WorkerSection {
   std::string kv_precision = "bf16";  // bf16 | fp32
   std::string cache_codec = "bf16";   // bf16 | fp8
   bool cache_read_in_place = true;    // cuda: cached blocks read from the shm arena in place
+  bool resident_blocks = true;        // ended sequences' full blocks stay in the KV pool
   int64_t token_budget = 512;
   int64_t max_running = 64;
   int64_t max_queued = 1024;

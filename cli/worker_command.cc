@@ -49,6 +49,7 @@ absl::StatusOr<worker::WorkerServerOptions> ToWorkerOptions(const StrataConfig& 
   o.kv_bf16 = w.kv_precision == "bf16";
   o.cache_read_in_place = w.cache_read_in_place;
   o.core.cache_codec = w.cache_codec == "fp8" ? KvCodec::kFp8E4M3 : KvCodec::kBf16;
+  o.core.resident_blocks = w.resident_blocks;
   o.core.token_budget = w.token_budget;
   o.core.max_running = w.max_running;
   o.core.max_queued = w.max_queued;

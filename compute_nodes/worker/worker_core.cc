@@ -37,9 +37,10 @@ WorkerCore::WorkerCore(runtime::Engine& engine, CacheDirectory& caches, WorkerCo
     : engine_(engine),
       caches_(caches),
       options_(options),
-      block_tokens_(engine.kv_pool().layout().block_tokens) {
+      block_tokens_(engine.kv_pool().layout().block_tokens),
+      resident_(engine.kv_pool(), options.resident_blocks) {
   load_.set_total_kv_pages(static_cast<uint32_t>(engine_.kv_pool().num_pages()));
-  load_.set_free_kv_pages(static_cast<uint32_t>(engine_.kv_pool().free_pages()));
+  load_.set_free_kv_pages(static_cast<uint32_t>(resident_.available_pages()));
   Metrics();
 }
 
@@ -79,7 +80,7 @@ void WorkerCore::Stop() {
   running_.clear();
   for (const SeqPtr& seq : left) {
     engine_.ForgetSequence(seq->engine_id());
-    runtime::ReleasePages(engine_.kv_pool(), seq->pages);
+    resident_.Discard(seq->pages);
     seq->state = Sequence::State::kDone;
     {
       std::lock_guard<std::mutex> lock(seq->done_mu);
@@ -90,6 +91,7 @@ void WorkerCore::Stop() {
     }
     MaybeDeliverDone(seq);
   }
+  resident_.DropIdle();  // the pool may outlive this core
 }
 
 int64_t WorkerCore::PagesFor(int64_t tokens) const {
@@ -242,9 +244,23 @@ void WorkerCore::AdmitLocked(std::vector<SeqPtr>* ready) {
       ready->push_back(seq);
       continue;
     }
-    if (PagesFor(need) > pool.free_pages() ||
-        !runtime::EnsureCapacity(pool, seq->pages, need).ok()) {
-      return;  // first come, first served: wait for pages
+    // The prompt's leading full blocks that may come from elsewhere than a prefill: a request
+    // that must sample keeps at least one token to compute (its logits). The pool's resident
+    // blocks come first; the cache server is asked for the rest.
+    const bool must_sample = seq->generated() == 0;
+    const int64_t reusable = (seq->prefill_target() - (must_sample ? 1 : 0)) / block_tokens_;
+    const bool has_cache =
+        (seq->first_load && !seq->spec.cache_address.empty()) || caches_.has_local();
+    if (reusable > 0 && (options_.resident_blocks || has_cache)) ExtendKeys(*seq, reusable);
+    int64_t saved = 0;
+    const int64_t resident =
+        options_.resident_blocks
+            ? resident_.Acquire(std::span<const BlockKey>(seq->keys).first(reusable), &seq->pages,
+                                &saved)
+            : 0;
+    if (!resident_.EnsureCapacity(seq->pages, need).ok()) {
+      resident_.Release({}, 0, seq->pages);  // only the references taken above
+      return;                                // first come, first served: wait for pages
     }
     queue->pop_front();
     seq->admitted = now;
@@ -252,15 +268,28 @@ void WorkerCore::AdmitLocked(std::vector<SeqPtr>* ready) {
       ++stats_.swapped_in;
       Metrics().swaps.Labels({"in"}).Increment();
     }
-    // Fetch the cached prefix unless there is none to fetch. A request that must sample keeps at
-    // least one token to compute (its logits).
-    const bool must_sample = seq->generated() == 0;
-    int64_t fetchable = (seq->prefill_target() - (must_sample ? 1 : 0)) / block_tokens_;
-    if (options_.max_fetch_blocks > 0) fetchable = std::min(fetchable, options_.max_fetch_blocks);
-    const bool has_cache =
-        (seq->first_load && !seq->spec.cache_address.empty()) || caches_.has_local();
-    if (fetchable > 0 && has_cache) {
-      ExtendKeys(*seq, fetchable);
+    seq->resident_blocks = resident;
+    seq->kv_len = resident * block_tokens_;
+    seq->saved_blocks = saved;
+    {
+      std::lock_guard<std::mutex> lock(seq->done_mu);
+      seq->block_in_cache.assign(resident, 0);
+      std::fill_n(seq->block_in_cache.begin(), saved, 1);
+    }
+    if (resident > 0) {
+      stats_.resident_tokens += seq->kv_len;
+      if (seq->first_load) {
+        seq->cached.gpu += seq->kv_len;
+        seq->cached.total += seq->kv_len;
+        stats_.cached_tokens += seq->kv_len;
+        Metrics().resident.Increment(static_cast<double>(seq->kv_len));
+      }
+    }
+    int64_t fetchable = reusable;
+    if (options_.max_fetch_blocks > 0) {
+      fetchable = std::min(fetchable, resident + options_.max_fetch_blocks);
+    }
+    if (fetchable > resident && has_cache) {
       seq->fetch_blocks = fetchable;
       seq->state = Sequence::State::kLoading;
       ++loading_count_;
@@ -274,6 +303,17 @@ void WorkerCore::AdmitLocked(std::vector<SeqPtr>* ready) {
   }
 }
 
+void WorkerCore::ReleaseSequencePages(Sequence& seq, bool discard) {
+  if (discard) {
+    resident_.Discard(seq.pages);
+    return;
+  }
+  const int64_t full = seq.kv_len / block_tokens_;
+  if (options_.resident_blocks) ExtendKeys(seq, full);
+  const size_t keep = std::min<size_t>(seq.keys.size(), full);
+  resident_.Release(std::span<const BlockKey>(seq.keys).first(keep), seq.saved_blocks, seq.pages);
+}
+
 // ---- Finishing ----
 
 void WorkerCore::End(const SeqPtr& seq, Finish finish, absl::Status status) {
@@ -283,7 +323,8 @@ void WorkerCore::End(const SeqPtr& seq, Finish finish, absl::Status status) {
     SaveBlocks(seq, seq->kv_len / block_tokens_);
   }
   engine_.ForgetSequence(seq->engine_id());
-  runtime::ReleasePages(engine_.kv_pool(), seq->pages);
+  // The full blocks stay in the pool for a later prompt, unless the engine failed on them.
+  ReleaseSequencePages(*seq, /*discard=*/finish == Finish::kError);
   seq->state = Sequence::State::kDone;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -408,7 +449,6 @@ bool WorkerCore::Step() {
   for (const SeqPtr& s : cancelled) End(s, Finish::kCancelled, absl::CancelledError("cancelled"));
   std::erase_if(running_, [](const SeqPtr& s) { return s->state != Sequence::State::kRunning; });
 
-  runtime::KvPool& pool = engine_.kv_pool();
   // Sequences that reached their prefill target without sampling (a hand-over or swap-in fully
   // served by the cache) start decoding now.
   for (const SeqPtr& s : std::vector<SeqPtr>(running_)) {
@@ -423,7 +463,7 @@ bool WorkerCore::Step() {
   std::vector<int64_t> chunk;
   for (const SeqPtr& s : std::vector<SeqPtr>(running_)) {
     if (s->state != Sequence::State::kRunning || !s->decoding()) continue;
-    while (!runtime::EnsureCapacity(pool, s->pages, s->kv_len + 1).ok()) {
+    while (!resident_.EnsureCapacity(s->pages, s->kv_len + 1).ok()) {
       if (!SwapOutVictim(s)) {
         spdlog::warn("request {}: the KV pool cannot hold {} tokens; ending it", s->spec.id,
                      s->kv_len + 1);
@@ -519,13 +559,14 @@ void WorkerCore::RefreshLoadLocked(size_t decode_batch) {
   load_.set_running_requests(static_cast<uint32_t>(running_.size() + loading_count_));
   load_.set_queued_prefill_tokens(queued_tokens);
   load_.set_running_tokens(running_tokens);
-  load_.set_free_kv_pages(static_cast<uint32_t>(engine_.kv_pool().free_pages()));
+  load_.set_free_kv_pages(static_cast<uint32_t>(resident_.available_pages()));
   load_.set_prefill_ms_per_token(prefill_ms_per_token_);
   load_.set_decode_step_ms(decode_step_ms_);
   load_.set_decode_batch_size(static_cast<uint32_t>(decode_batch));
   Metrics().queued.Set(load_.queued_requests());
   Metrics().running.Set(load_.running_requests());
   Metrics().free_pages.Set(load_.free_kv_pages());
+  Metrics().resident_blocks.Set(static_cast<double>(resident_.resident_blocks()));
 }
 
 }  // namespace strata::worker

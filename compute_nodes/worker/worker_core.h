@@ -39,6 +39,7 @@
 #include "compute_nodes/runtime/engine.h"
 #include "compute_nodes/worker/cache_directory.h"
 #include "compute_nodes/worker/request.h"
+#include "compute_nodes/worker/resident_blocks.h"
 #include "strata/v1/worker.pb.h"
 
 namespace strata::worker {
@@ -63,6 +64,11 @@ struct WorkerCoreOptions {
   // keys' namespace, so bf16 and fp8 blocks never mix. fp8 needs a latent dim that is a multiple
   // of 128 (KvPool::CheckPayload).
   KvCodec cache_codec = KvCodec::kBf16;
+  // Keep a finished (or swapped-out) sequence's full blocks in the KV pool, found again by key
+  // (ResidentBlocks): a later prompt that starts with them takes the pages as they are, before
+  // anything is fetched from the cache server. Their pages go back as soon as a sequence needs
+  // one and none is free, so this costs no capacity.
+  bool resident_blocks = true;
 };
 
 // Counters since start (also exported as Prometheus metrics).
@@ -76,6 +82,7 @@ struct WorkerStats {
   int64_t recomputed_swaps = 0;  // swaps done by recomputation (no cache, or blocks lost)
   int64_t fetch_failures = 0;    // fetches that ended before the cache's hit count
   int64_t blocks_saved = 0;
+  int64_t resident_tokens = 0;  // prompt tokens found in the KV pool itself (ResidentBlocks)
 };
 
 class WorkerCore {
@@ -97,6 +104,8 @@ class WorkerCore {
 
   v1::WorkerLoad Load() const;
   WorkerStats stats() const;
+  // The blocks kept in the KV pool (for the scheduler's prefix index: TakeChanges, Keys).
+  ResidentBlocks& resident() { return resident_; }
 
  private:
   struct Sequence;
@@ -117,6 +126,8 @@ class WorkerCore {
   void AfterPrefill(const SeqPtr& seq, const std::vector<float>& logits);
   void AfterDecode(const SeqPtr& seq, const runtime::SequenceOutput& out);
   int64_t PagesFor(int64_t tokens) const;
+  // Gives the sequence's pages back: its full blocks stay resident unless `discard`.
+  void ReleaseSequencePages(Sequence& seq, bool discard = false);
   // The loader's fetch buffer for `bytes` (load_buffer_, grown or replaced when needed).
   absl::StatusOr<std::shared_ptr<HostBuffer>> LoadBuffer(size_t bytes);
   // A free save buffer of at least `bytes` (save_buffers_), or null when none is free and no
@@ -129,6 +140,7 @@ class WorkerCore {
   CacheDirectory& caches_;
   WorkerCoreOptions options_;
   int64_t block_tokens_;
+  ResidentBlocks resident_;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;         // loop: work arrived

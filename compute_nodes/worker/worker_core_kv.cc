@@ -37,13 +37,15 @@ void WorkerCore::LoaderLoop() {
     CachedTokenCounts counts;
     bool failed = false;
     if (client != nullptr) {
-      const int64_t n = seq->fetch_blocks;
-      const std::vector<uint32_t> tokens =
-          AsU32(std::span<const int32_t>(seq->tokens).subspan(0, n * block_tokens_));
+      // Blocks [from, n): the ones before came from the pool's resident blocks.
+      const int64_t from = seq->resident_blocks, n = seq->fetch_blocks - from;
+      const std::vector<uint32_t> tokens = AsU32(
+          std::span<const int32_t>(seq->tokens).subspan(from * block_tokens_, n * block_tokens_));
       // Each run of fetched blocks goes into its pages in one batched move while the cache
       // client reads the next run; on an error, the pages before `imported` hold their blocks.
       // Blocks come from the server's shm arena itself when the pool reads it in place.
-      const std::span<const int32_t> pages(seq->pages.pages);
+      const std::span<const int32_t> pages =
+          std::span<const int32_t>(seq->pages.pages).subspan(from);
       std::vector<std::span<const uint8_t>> payloads;
       auto import_run = [&](size_t first, std::span<const cache_client::FetchedBlock> blocks) {
         const size_t fit = std::min(blocks.size(), pages.size() - std::min(pages.size(), first));
@@ -62,7 +64,7 @@ void WorkerCore::LoaderLoop() {
         return fit == blocks.size();
       };
       cache_client::FetchResult r = client->Fetch(
-          seq->spec.ns, std::span<const BlockKey>(seq->keys).subspan(0, n), tokens, layout,
+          seq->spec.ns, std::span<const BlockKey>(seq->keys).subspan(from, n), tokens, layout,
           seq->spec.id,
           {.buffer = [this](size_t bytes) { return LoadBuffer(bytes); },
            .on_blocks = import_run,
@@ -87,16 +89,23 @@ void WorkerCore::LoaderLoop() {
     } else {
       failed = true;
     }
-    seq->kv_len = imported * block_tokens_;
-    seq->saved_blocks = imported;
+    const int64_t from = seq->resident_blocks;
+    seq->kv_len = (from + imported) * block_tokens_;
+    // The fetched blocks are in the cache; the resident ones before them may not all be known
+    // to be (then the later save starts at the first that is not).
+    if (seq->saved_blocks == from) seq->saved_blocks = from + imported;
     {
       std::lock_guard<std::mutex> lock(seq->done_mu);
-      seq->block_in_cache.assign(imported, 1);
+      seq->block_in_cache.resize(from + imported, 1);
     }
     if (seq->first_load) {
-      seq->cached = counts;
+      seq->cached.total += counts.total;
+      seq->cached.gpu += counts.gpu;
+      seq->cached.dram += counts.dram;
+      seq->cached.ssd += counts.ssd;
+      seq->cached.remote += counts.remote;
       Metrics().cached.Increment(static_cast<double>(counts.total));
-    } else if (imported < seq->fetch_blocks) {
+    } else if (from + imported < seq->fetch_blocks) {
       // A swap-in that could not get every saved block back recomputes the rest.
       std::lock_guard<std::mutex> lock(mu_);
       ++stats_.recomputed_swaps;
@@ -289,10 +298,12 @@ bool WorkerCore::SwapOutVictim(const SeqPtr& needing) {
     if (loading_count_ == 0) return false;  // alone and still short: the pool is too small
   }
   // The KV of the full blocks goes to the cache; the partial tail is recomputed on the way back.
+  // Its full blocks also stay resident in the pool until their pages are needed, so a quick
+  // swap-in finds them there.
   const bool to_cache = caches_.Get("") != nullptr;
   SaveBlocks(victim, victim->kv_len / block_tokens_);
   engine_.ForgetSequence(victim->engine_id());
-  runtime::ReleasePages(engine_.kv_pool(), victim->pages);
+  ReleaseSequencePages(*victim);
   victim->kv_len = 0;
   victim->saved_blocks = 0;
   victim->state = Sequence::State::kSwapped;

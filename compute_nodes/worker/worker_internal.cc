@@ -7,10 +7,13 @@ CoreMetrics& Metrics() {
     MetricsRegistry& r = MetricsRegistry::Default();
     auto& prompt =
         r.AddCounter("strata_worker_prompt_tokens_total",
-                     "Prompt tokens by source (computed or loaded from cache)", {"source"});
+                     "Prompt tokens by source: computed, loaded from a cache server (cache), or "
+                     "found in the worker's own KV pool (resident)",
+                     {"source"});
     return new CoreMetrics{
         .computed = prompt.Labels({"computed"}),
         .cached = prompt.Labels({"cache"}),
+        .resident = prompt.Labels({"resident"}),
         .generated =
             r.AddCounter("strata_worker_generated_tokens_total", "Tokens generated", {}).Labels({}),
         .swaps = r.AddCounter("strata_worker_swaps_total",
@@ -26,8 +29,16 @@ CoreMetrics& Metrics() {
         .running = r.AddGauge("strata_worker_running_requests",
                               "Requests holding KV pages (loading, prefilling, decoding)", {})
                        .Labels({}),
-        .free_pages =
-            r.AddGauge("strata_worker_free_kv_pages", "Free pages of the KV pool", {}).Labels({}),
+        .free_pages = r.AddGauge("strata_worker_free_kv_pages",
+                                 "Pages of the KV pool that can be had now: free, or held only by "
+                                 "idle resident blocks",
+                                 {})
+                          .Labels({}),
+        .resident_blocks = r.AddGauge("strata_worker_resident_blocks",
+                                      "Full KV blocks kept in the worker's KV pool, found again by "
+                                      "key (held by running sequences or idle)",
+                                      {})
+                               .Labels({}),
     };
   }();
   return *m;

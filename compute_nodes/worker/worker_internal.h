@@ -14,14 +14,16 @@ namespace strata::worker::internal {
 
 struct CoreMetrics {
   Counter& computed;
-  Counter& cached;
+  Counter& cached;    // fetched from a cache server
+  Counter& resident;  // found in the KV pool itself (ResidentBlocks)
   Counter& generated;
   MetricFamily<Counter>& swaps;
   MetricFamily<Counter>& requests;
   Histogram& step;
   Gauge& queued;      // waiting + swapped-out requests
   Gauge& running;     // requests holding pages (loading, prefilling, decoding)
-  Gauge& free_pages;  // free KV pages
+  Gauge& free_pages;  // free KV pages, idle resident ones included
+  Gauge& resident_blocks;
 };
 CoreMetrics& Metrics();
 

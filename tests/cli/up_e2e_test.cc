@@ -56,32 +56,16 @@ class UpClusterTest : public ::testing::Test {
       const int out = ::open((*dir_ + "/up.out").c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
       ::dup2(out, 1);
       ::dup2(out, 2);
-      std::vector<std::string> args = {StrataBinaryPath(),
-                                       "up",
-                                       "--ready-file",
-                                       ready,
-                                       "--set",
-                                       "up.run_dir=" + *dir_ + "/run",
-                                       "--set",
-                                       "up.model=tiny",
-                                       "--set",
-                                       "up.prefill_workers=1",
-                                       "--set",
-                                       "up.decode_workers=2",
-                                       "--set",
-                                       "up.http_port=0",
-                                       "--set",
-                                       "up.max_backoff=2s",
-                                       "--set",
-                                       "cache.slot_bytes=512KiB",
-                                       "--set",
-                                       "cache.dram.capacity=24MiB",
-                                       "--set",
-                                       "cache.ssd.capacity=256MiB",
-                                       "--set",
-                                       "worker.kv_pages=192",
-                                       "--set",
-                                       "scheduler.heartbeat_interval=500ms"};
+      std::vector<std::string> args = {
+          StrataBinaryPath(), "up", "--ready-file", ready, "--set", "up.run_dir=" + *dir_ + "/run",
+          "--set", "up.model=tiny", "--set", "up.prefill_workers=1", "--set", "up.decode_workers=2",
+          "--set", "up.http_port=0", "--set", "up.max_backoff=2s", "--set",
+          "cache.slot_bytes=512KiB", "--set", "cache.dram.capacity=24MiB", "--set",
+          "cache.ssd.capacity=256MiB", "--set", "worker.kv_pages=192",
+          // These tests are about the cache server's tiers (pins,
+          // evictions, SSD after a crash): the workers' own
+          // resident blocks would serve the repeats instead.
+          "--set", "worker.resident_blocks=false", "--set", "scheduler.heartbeat_interval=500ms"};
       std::vector<char*> argv;
       for (std::string& a : args) argv.push_back(a.data());
       argv.push_back(nullptr);

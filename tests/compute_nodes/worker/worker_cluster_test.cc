@@ -312,9 +312,10 @@ TEST_P(WorkerClusterTest, PrefillThroughTheCacheToDecode) {
   EXPECT_EQ(Prefill(*dstub, prompt, &refused).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
 }
 
+// With the worker's resident blocks off, so that the prefix comes from the cache server.
 TEST_P(WorkerClusterTest, SharedPrefixComputesOnlyTheRest) {
   auto cache = StartCache();
-  auto w = StartWorker("both-0", "both", cache->grpc_address());
+  auto w = StartWorker("both-0", "both", cache->grpc_address(), {"worker.resident_blocks=false"});
   auto stub = Stub(*w);
   const auto first = Prompt(640, 3);
   std::vector<int32_t> second(first.begin(), first.begin() + 576);  // 90% shared
@@ -351,15 +352,20 @@ TEST_P(WorkerClusterTest, ChatTurnTwoHitsTheAnswer) {
   const Stream s = Generate(*stub, turn2, 12);
   ASSERT_TRUE(s.status.ok()) << s.status.error_message();
   EXPECT_EQ(s.last.usage().cached().total(), 128u);  // > 64: the answer's block hit too
+  // Both blocks were still in the worker's KV pool: nothing was read from the cache server.
+  EXPECT_EQ(s.last.usage().cached().gpu(), 128u);
+  EXPECT_EQ(Metric(*w, "strata_cache_client_bytes_total", "direction=\"read\""), 0);
+  EXPECT_EQ(Metric(*w, "strata_worker_prompt_tokens_total", "source=\"resident\""), 128);
   EXPECT_EQ(s.tokens, Reference(turn2, 12));
 }
 
 // worker.cache_codec=fp8: the turn-1 blocks are saved as fp8 (what the worker reads for turn 2 is
 // two fp8 blocks' bytes) and turn 2 still hits them; its output is what the fp8 KV gives, so a
-// repeat of turn 2 gives it again.
+// repeat of turn 2 gives it again. (Resident blocks off: they would serve turn 2 from the pool.)
 TEST_P(WorkerClusterTest, ChatTurnTwoHitsFp8Blocks) {
   auto cache = StartCache();
-  auto w = StartWorker("both-0", "both", cache->grpc_address(), {"worker.cache_codec=fp8"});
+  auto w = StartWorker("both-0", "both", cache->grpc_address(),
+                       {"worker.cache_codec=fp8", "worker.resident_blocks=false"});
   auto stub = Stub(*w);
   const auto turn1 = Prompt(100, 5);
   const Stream answer = Generate(*stub, turn1, 60);
@@ -489,11 +495,12 @@ TEST_P(WorkerClusterTest, CacheServerKilledDuringAFetchMeansRecomputation) {
 }
 
 // A cache server restarted on the same data directory serves from SSD (DRAM residency is gone);
-// the worker reconnects on its own and counts those tokens as SSD hits.
+// the worker reconnects on its own and counts those tokens as SSD hits (its resident blocks are
+// off, else the prompt would come from its own pool).
 TEST_P(WorkerClusterTest, RestartedCacheServerServesFromSsd) {
   const std::vector<std::string> ssd = {"cache.ssd.capacity=64MiB", "cache.ssd.slots_per_file=64"};
   auto cache = StartCache(false, "cache", ssd);
-  auto w = StartWorker("both-0", "both", cache->grpc_address());
+  auto w = StartWorker("both-0", "both", cache->grpc_address(), {"worker.resident_blocks=false"});
   auto stub = Stub(*w);
   const auto prompt = Prompt(200, 50);
   v1::PrefillResponse pre;

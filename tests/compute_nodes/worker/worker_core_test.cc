@@ -1,6 +1,8 @@
 // WorkerCore in process, without a cache server: continuous batching with chunked prefill equals
 // one request at a time, swaps by recomputation keep outputs, bad requests are refused, cancel and
-// stop end requests and free their pages.
+// stop end requests and free their pages; ended sequences' full blocks stay resident in the pool,
+// are reused by later prompts (shared between concurrent ones) and give their pages back under
+// pressure, tail first.
 #include "compute_nodes/worker/worker_core.h"
 
 #include <gtest/gtest.h>
@@ -79,9 +81,21 @@ RequestSpec Spec(const std::string& id, std::vector<int32_t> prompt, int max_tok
 class WorkerCoreTest : public testing::Test {
  protected:
   void Make(int64_t pages, WorkerCoreOptions options = {}) {
+    core_.reset();  // before the engine it uses
     engine_ = std::make_unique<cpu::CpuEngine>(TinyModel(), pages, 64, runtime::KvPrecision::kBf16);
     core_ = std::make_unique<WorkerCore>(*engine_, caches_, options);
     core_->Start();
+  }
+
+  // Every page is free or held only by an idle resident block: no sequence holds one.
+  void ExpectNoPageHeld(int64_t pages) {
+    EXPECT_EQ(engine_->kv_pool().free_pages() + core_->resident().idle_blocks(), pages);
+    EXPECT_EQ(core_->resident().resident_blocks(), core_->resident().idle_blocks());
+    // The load report is refreshed after the step that ended the last request.
+    for (int i = 0; i < 200 && core_->Load().free_kv_pages() != pages; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    EXPECT_EQ(core_->Load().free_kv_pages(), static_cast<uint32_t>(pages));
   }
 
   CacheDirectory caches_{cache_client::CacheClientOptions{}};  // no cache server
@@ -107,7 +121,7 @@ TEST_F(WorkerCoreTest, ContinuousBatchingEqualsOneAtATime) {
     EXPECT_EQ(o.completion_tokens, 20);
     EXPECT_EQ(out[i].tokens, Reference(Prompt(lengths[i], i + 1), 20)) << i;
   }
-  EXPECT_EQ(engine_->kv_pool().free_pages(), 64);
+  ExpectNoPageHeld(64);
   EXPECT_GT(core_->stats().steps, 20);
 }
 
@@ -129,6 +143,8 @@ TEST_F(WorkerCoreTest, SwapWithoutACacheRecomputesAndKeepsOutputs) {
   EXPECT_GT(stats.swapped_out, 0);
   EXPECT_EQ(stats.swapped_in, stats.swapped_out);
   EXPECT_EQ(stats.recomputed_swaps, stats.swapped_out);
+  ExpectNoPageHeld(6);
+  core_->Stop();  // which lets the idle blocks go
   EXPECT_EQ(engine_->kv_pool().free_pages(), 6);
 }
 
@@ -218,6 +234,102 @@ TEST_F(WorkerCoreTest, LoadReportsQueueAndPages) {
   EXPECT_GT(busy.decode_step_ms(), 0);
   core_->Cancel("a");
   a.Wait();
+}
+
+// The next turn of a chat finds turn 1's blocks (prompt and answer) in the pool itself.
+TEST_F(WorkerCoreTest, ResidentBlocksServeTheNextTurn) {
+  Make(16);
+  const std::vector<int32_t> turn1 = Prompt(100, 5);
+  Collector a;
+  ASSERT_TRUE(core_->Submit(Spec("turn1", turn1, 60), a.Events()).ok());
+  const RequestOutcome oa = a.Wait();
+  ASSERT_TRUE(oa.status.ok()) << oa.status;
+  EXPECT_EQ(oa.cached.total, 0);
+  // 159 tokens had KV: two full blocks stay.
+  EXPECT_EQ(core_->resident().resident_blocks(), 2);
+  EXPECT_EQ(core_->resident().idle_blocks(), 2);
+
+  std::vector<int32_t> turn2 = turn1;
+  turn2.insert(turn2.end(), a.tokens.begin(), a.tokens.end());
+  const std::vector<int32_t> message = Prompt(30, 6);
+  turn2.insert(turn2.end(), message.begin(), message.end());
+  Collector b;
+  ASSERT_TRUE(core_->Submit(Spec("turn2", turn2, 12), b.Events()).ok());
+  const RequestOutcome ob = b.Wait();
+  ASSERT_TRUE(ob.status.ok()) << ob.status;
+  EXPECT_EQ(ob.cached.total, 128);
+  EXPECT_EQ(ob.cached.gpu, 128);
+  EXPECT_EQ(ob.computed_tokens, static_cast<int64_t>(turn2.size()) - 128);
+  EXPECT_EQ(b.tokens, Reference(turn2, 12));
+  EXPECT_EQ(core_->stats().resident_tokens, 128);
+  ExpectNoPageHeld(16);
+
+  // Off: nothing is kept, every page is free once a request ends.
+  Make(16, {.resident_blocks = false});
+  Collector c, d;
+  ASSERT_TRUE(core_->Submit(Spec("off1", turn1, 60), c.Events()).ok());
+  c.Wait();
+  EXPECT_EQ(engine_->kv_pool().free_pages(), 16);
+  ASSERT_TRUE(core_->Submit(Spec("off2", turn2, 12), d.Events()).ok());
+  const RequestOutcome od = d.Wait();
+  EXPECT_EQ(od.cached.total, 0);
+  EXPECT_EQ(d.tokens, b.tokens);
+}
+
+// Concurrent requests that share a resident prefix read the same pages; each gets its own output.
+TEST_F(WorkerCoreTest, ConcurrentRequestsShareResidentPages) {
+  Make(24);
+  const std::vector<int32_t> system = Prompt(192, 9);  // three full blocks
+  Collector first;
+  ASSERT_TRUE(core_->Submit(Spec("system", system, 1), first.Events()).ok());
+  ASSERT_TRUE(first.Wait().status.ok());
+  ASSERT_EQ(core_->resident().resident_blocks(), 3);
+
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<Collector> out(3);
+  for (int i = 0; i < 3; ++i) {
+    std::vector<int32_t> p = system;
+    const std::vector<int32_t> q = Prompt(40 + 30 * i, 20 + i);
+    p.insert(p.end(), q.begin(), q.end());
+    prompts.push_back(p);
+    ASSERT_TRUE(core_->Submit(Spec("q" + std::to_string(i), p, 30), out[i].Events()).ok());
+  }
+  for (int i = 0; i < 3; ++i) {
+    const RequestOutcome o = out[i].Wait();
+    ASSERT_TRUE(o.status.ok()) << o.status;
+    EXPECT_EQ(o.cached.gpu, 192) << i;
+    EXPECT_EQ(out[i].tokens, Reference(prompts[i], 30)) << i;
+  }
+  EXPECT_EQ(core_->resident().hit_blocks(), 9);
+  ExpectNoPageHeld(24);
+}
+
+// Idle blocks give their pages back when a sequence needs them, a chain's tail first: what is
+// left of it is still a usable prefix.
+TEST_F(WorkerCoreTest, IdleBlocksGiveTheirPagesBackTailFirst) {
+  Make(8);
+  const std::vector<int32_t> a = Prompt(300, 31);  // 4 full blocks + 44 tokens: 5 pages
+  Collector ca;
+  ASSERT_TRUE(core_->Submit(Spec("a", a, 4), ca.Events()).ok());
+  ASSERT_TRUE(ca.Wait().status.ok());
+  ASSERT_EQ(core_->resident().idle_blocks(), 4);
+  ASSERT_EQ(engine_->kv_pool().free_pages(), 4);
+
+  // 6 pages for another prompt: two of a's blocks must go, its last two.
+  const std::vector<int32_t> b = Prompt(340, 32);
+  Collector cb;
+  ASSERT_TRUE(core_->Submit(Spec("b", b, 4), cb.Events()).ok());
+  const RequestOutcome ob = cb.Wait();
+  ASSERT_TRUE(ob.status.ok()) << ob.status;
+  EXPECT_EQ(cb.tokens, Reference(b, 4));
+
+  Collector again;
+  ASSERT_TRUE(core_->Submit(Spec("a-again", a, 4), again.Events()).ok());
+  const RequestOutcome oa = again.Wait();
+  ASSERT_TRUE(oa.status.ok()) << oa.status;
+  EXPECT_EQ(oa.cached.gpu, 128) << "a's first two blocks were kept";
+  EXPECT_EQ(again.tokens, ca.tokens);
+  ExpectNoPageHeld(8);
 }
 
 }  // namespace

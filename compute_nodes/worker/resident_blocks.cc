@@ -1,0 +1,173 @@
+#include "compute_nodes/worker/resident_blocks.h"
+
+#include "common/check.h"
+#include "common/strings.h"
+#include "spdlog/spdlog.h"
+
+namespace strata::worker {
+
+ResidentBlocks::ResidentBlocks(runtime::KvPool& pool, bool enabled)
+    : pool_(pool), enabled_(enabled) {}
+
+ResidentBlocks::~ResidentBlocks() {
+  DropIdle();
+  absl::MutexLock lock(&mu_);
+  if (!blocks_.empty()) {
+    spdlog::error("resident blocks: {} blocks still held by sequences at shutdown", blocks_.size());
+  }
+}
+
+int64_t ResidentBlocks::Acquire(std::span<const BlockKey> keys, runtime::PageTable* table,
+                                int64_t* saved) {
+  STRATA_CHECK(table->pages.empty(), "ResidentBlocks::Acquire: the table already has pages");
+  absl::MutexLock lock(&mu_);
+  *saved = 0;
+  bool saved_run = true;
+  for (const BlockKey& key : keys) {
+    auto it = blocks_.find(key);
+    if (it == blocks_.end()) break;
+    Block& b = it->second;
+    if (b.refs++ == 0) {
+      idle_.erase(b.idle);
+      --idle_count_;
+    }
+    table->pages.push_back(b.page);
+    saved_run = saved_run && b.saved;
+    if (saved_run) ++*saved;
+  }
+  const int64_t n = static_cast<int64_t>(table->pages.size());
+  hits_ += n;
+  return n;
+}
+
+int64_t ResidentBlocks::available_pages() const {
+  absl::MutexLock lock(&mu_);
+  return pool_.free_pages() + idle_count_;
+}
+
+absl::Status ResidentBlocks::EnsureCapacity(runtime::PageTable& table, int64_t tokens) {
+  const int64_t b = pool_.layout().block_tokens;
+  const int64_t need = (tokens + b - 1) / b - static_cast<int64_t>(table.pages.size());
+  if (need <= 0) return absl::OkStatus();
+  {
+    absl::MutexLock lock(&mu_);
+    if (need > pool_.free_pages() + idle_count_) {
+      return absl::ResourceExhaustedError(StrCat("KV pool: ", need, " pages needed, ",
+                                                 pool_.free_pages(), " free and ", idle_count_,
+                                                 " held by idle cached blocks"));
+    }
+    while (pool_.free_pages() < need) ReclaimOneLocked();
+  }
+  return runtime::EnsureCapacity(pool_, table, tokens);
+}
+
+void ResidentBlocks::Release(std::span<const BlockKey> keys, int64_t saved,
+                             runtime::PageTable& table) {
+  STRATA_CHECK(keys.size() <= table.pages.size(), "ResidentBlocks::Release: more keys than pages");
+  absl::MutexLock lock(&mu_);
+  // Tail first: idle_ is reclaimed from its front, so the chain's head goes last.
+  for (size_t i = table.pages.size(); i-- > 0;) {
+    const int32_t page = table.pages[i];
+    if (auto held = by_page_.find(page); held != by_page_.end()) {
+      Block& b = blocks_.at(held->second);
+      if (static_cast<int64_t>(i) < saved) b.saved = true;
+      STRATA_CHECK(b.refs > 0, "ResidentBlocks::Release: a resident page released twice");
+      if (--b.refs == 0) {
+        b.idle = idle_.insert(idle_.end(), held->second);
+        ++idle_count_;
+      }
+      continue;
+    }
+    if (!enabled_ || i >= keys.size() || blocks_.contains(keys[i])) {
+      pool_.Free(page);
+      continue;
+    }
+    Block& b = blocks_[keys[i]];
+    b.parent = i == 0 ? BlockKey{} : keys[i - 1];
+    b.page = page;
+    b.saved = static_cast<int64_t>(i) < saved;
+    b.idle = idle_.insert(idle_.end(), keys[i]);
+    ++idle_count_;
+    by_page_[page] = keys[i];
+    NoteLocked({.key = keys[i], .parent = b.parent, .added = true});
+  }
+  table.pages.clear();
+}
+
+void ResidentBlocks::Discard(runtime::PageTable& table) {
+  absl::MutexLock lock(&mu_);
+  for (const int32_t page : table.pages) {
+    auto held = by_page_.find(page);
+    if (held == by_page_.end()) {
+      pool_.Free(page);
+      continue;
+    }
+    // A shared block: only the reference goes (its KV was complete before this sequence).
+    Block& b = blocks_.at(held->second);
+    if (--b.refs == 0) {
+      b.idle = idle_.insert(idle_.end(), held->second);
+      ++idle_count_;
+    }
+  }
+  table.pages.clear();
+}
+
+int64_t ResidentBlocks::DropIdle() {
+  absl::MutexLock lock(&mu_);
+  const int64_t n = idle_count_;
+  while (idle_count_ > 0) ReclaimOneLocked();
+  return n;
+}
+
+void ResidentBlocks::ReclaimOneLocked() {
+  const BlockKey key = idle_.front();
+  idle_.pop_front();
+  --idle_count_;
+  auto it = blocks_.find(key);
+  pool_.Free(it->second.page);
+  by_page_.erase(it->second.page);
+  blocks_.erase(it);
+  NoteLocked({.key = key, .parent = {}, .added = false});
+}
+
+void ResidentBlocks::NoteLocked(Change change) {
+  if (changes_.overflowed) return;
+  if (changes_.list.size() >= kMaxChanges) {
+    changes_.list.clear();
+    changes_.overflowed = true;
+    return;
+  }
+  changes_.list.push_back(change);
+}
+
+int64_t ResidentBlocks::resident_blocks() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int64_t>(blocks_.size());
+}
+
+int64_t ResidentBlocks::idle_blocks() const {
+  absl::MutexLock lock(&mu_);
+  return idle_count_;
+}
+
+int64_t ResidentBlocks::hit_blocks() const {
+  absl::MutexLock lock(&mu_);
+  return hits_;
+}
+
+ResidentBlocks::Changes ResidentBlocks::TakeChanges() {
+  absl::MutexLock lock(&mu_);
+  Changes out = std::move(changes_);
+  changes_ = Changes{};
+  return out;
+}
+
+std::vector<BlockKey> ResidentBlocks::Keys() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<BlockKey> keys;
+  keys.reserve(blocks_.size());
+  for (const auto& [key, block] : blocks_) keys.push_back(key);
+  return keys;
+}
+
+}  // namespace strata::worker
