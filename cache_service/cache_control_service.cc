@@ -146,9 +146,10 @@ grpc::Status CacheControlService::KeepAlive(grpc::ServerContext*, const v1::Keep
 bool CacheControlService::SendDigest(grpc::ServerWriter<v1::KvEventBatch>* writer,
                                      uint64_t digest_id) {
   const auto resident = store_.ResidentKeys();
-  // Every tier is announced, even an empty one, so a subscriber can clear stale beliefs.
-  std::vector<TierKind> tiers = {TierKind::kDram};
-  if (store_.options().ssd_capacity_bytes > 0) tiers.push_back(TierKind::kSsd);
+  // Every tier this server manages is announced, even an empty one (or one not configured), so
+  // a subscriber can clear stale beliefs; a digest replaces only the tiers it names (the GPU
+  // tier of the workers on this server is theirs to report).
+  const std::vector<TierKind> tiers = {TierKind::kDram, TierKind::kSsd};
   for (size_t ti = 0; ti < tiers.size(); ++ti) {
     auto it = resident.find(tiers[ti]);
     const std::vector<BlockKey> empty;

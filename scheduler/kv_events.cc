@@ -42,6 +42,7 @@ absl::Status KvEventSink::Apply(NodeIndex node, const v1::KvEvent& event) {
       RETURN_IF_ERROR_WITH(ParseKeys(event.stored().keys(), keys), "stored event");
       ASSIGN_OR_RETURN(CacheTier tier,
                        RequireTier(static_cast<int>(event.stored().tier()), "stored event"));
+      NoteTier(node, event.source(), tier);
       index_->Stored(node, tier, keys);
       break;
     }
@@ -51,6 +52,8 @@ absl::Status KvEventSink::Apply(NodeIndex node, const v1::KvEvent& event) {
                        RequireTier(static_cast<int>(event.moved().from_tier()), "moved event"));
       ASSIGN_OR_RETURN(CacheTier to,
                        RequireTier(static_cast<int>(event.moved().to_tier()), "moved event"));
+      NoteTier(node, event.source(), from);
+      NoteTier(node, event.source(), to);
       index_->Moved(node, from, to, keys);
       break;
     }
@@ -62,7 +65,14 @@ absl::Status KvEventSink::Apply(NodeIndex node, const v1::KvEvent& event) {
         return absl::InvalidArgumentError(
             StrCat("evicted event: unknown tier ", static_cast<int>(event.evicted().tier())));
       }
-      index_->Evicted(node, tier, keys);
+      const uint32_t named = NoteTier(node, event.source(), tier);
+      if (tier.has_value() || named == 0) {
+        index_->Evicted(node, tier, keys);
+      } else {
+        for (int t = 0; t < kNumTiers; ++t) {
+          if (named >> t & 1) index_->Evicted(node, static_cast<CacheTier>(t), keys);
+        }
+      }
       break;
     }
     case v1::KvEvent::kQuarantined: {
@@ -76,10 +86,11 @@ absl::Status KvEventSink::Apply(NodeIndex node, const v1::KvEvent& event) {
       const auto& digest = event.digest();
       RETURN_IF_ERROR_WITH(ParseKeys(digest.keys(), keys), "digest page");
       ASSIGN_OR_RETURN(CacheTier tier, RequireTier(static_cast<int>(digest.tier()), "digest page"));
-      index_->DigestPage(node, digest.digest_id(), tier, keys, digest.last_page());
+      NoteTier(node, event.source(), tier);
+      index_->DigestPage(node, event.source(), digest.digest_id(), tier, keys, digest.last_page());
       if (digest.last_page()) {
         absl::MutexLock lock(&mu_);
-        SourceState& s = sources_[node];
+        SourceState& s = sources_[{node, event.source()}];
         s.out_of_sync = false;
         s.seen = true;
         s.last_sequence = event.sequence();
@@ -91,17 +102,27 @@ absl::Status KvEventSink::Apply(NodeIndex node, const v1::KvEvent& event) {
       return absl::InvalidArgumentError("KV event without a payload");
   }
   absl::MutexLock lock(&mu_);
-  SourceState& s = sources_[node];
+  SourceState& s = sources_[{node, event.source()}];
   if (s.seen && event.sequence() != s.last_sequence + 1) s.out_of_sync = true;
   s.seen = true;
   s.last_sequence = event.sequence();
   return absl::OkStatus();
 }
 
+uint32_t KvEventSink::NoteTier(NodeIndex node, const std::string& source,
+                               std::optional<CacheTier> tier) {
+  absl::MutexLock lock(&mu_);
+  SourceState& s = sources_[{node, source}];
+  if (tier.has_value()) s.tiers |= 1u << static_cast<uint32_t>(*tier);
+  return s.tiers;
+}
+
 bool KvEventSink::OutOfSync(NodeIndex node) const {
   absl::MutexLock lock(&mu_);
-  auto it = sources_.find(node);
-  return it != sources_.end() && it->second.out_of_sync;
+  for (const auto& [id, state] : sources_) {
+    if (id.first == node && state.out_of_sync) return true;
+  }
+  return false;
 }
 
 }  // namespace strata::scheduler

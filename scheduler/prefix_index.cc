@@ -128,40 +128,42 @@ void PrefixIndex::Quarantined(const BlockKey& key) {
   if (it != entries_.end()) EraseLocked(it);
 }
 
-void PrefixIndex::RemoveNodeLocked(NodeIndex node) {
+void PrefixIndex::RemoveNodeLocked(NodeIndex node, uint32_t tiers) {
   if (!blocks_per_node_.contains(node)) return;
-  std::vector<BlockKey> keys;
+  std::vector<std::pair<BlockKey, CacheTier>> copies;
   for (const auto& [key, entry] : entries_) {
     for (Holder h : entry.holders) {
-      if (HolderNode(h) == node) {
-        keys.push_back(key);
-        break;
+      if (HolderNode(h) == node && (tiers >> static_cast<uint32_t>(HolderTier(h)) & 1)) {
+        copies.emplace_back(key, HolderTier(h));
       }
     }
   }
-  for (const BlockKey& key : keys) RemoveHolderLocked(key, node, std::nullopt);
+  for (const auto& [key, tier] : copies) RemoveHolderLocked(key, node, tier);
 }
 
 void PrefixIndex::RemoveNode(NodeIndex node) {
   absl::MutexLock lock(&mu_);
-  digests_.erase(node);
+  absl::erase_if(digests_, [&](const auto& d) { return d.first.first == node; });
   RemoveNodeLocked(node);
 }
 
-void PrefixIndex::DigestPage(NodeIndex node, uint64_t digest_id, CacheTier tier,
-                             std::span<const BlockKey> keys, bool last_page) {
+void PrefixIndex::DigestPage(NodeIndex node, std::string_view source, uint64_t digest_id,
+                             CacheTier tier, std::span<const BlockKey> keys, bool last_page) {
   absl::MutexLock lock(&mu_);
-  PendingDigest& pending = digests_[node];
+  const std::pair<NodeIndex, std::string> id(node, std::string(source));
+  PendingDigest& pending = digests_[id];
   if (pending.digest_id != digest_id) {
     pending.digest_id = digest_id;
+    pending.tiers = 0;
     pending.keys.clear();
   }
+  pending.tiers |= 1u << static_cast<uint32_t>(tier);
   for (const BlockKey& key : keys) pending.keys.emplace_back(key, tier);
   if (!last_page) return;
-  std::vector<std::pair<BlockKey, CacheTier>> keys_now = std::move(pending.keys);
-  digests_.erase(node);
-  RemoveNodeLocked(node);
-  for (const auto& [key, key_tier] : keys_now) AddHolderLocked(key, MakeHolder(node, key_tier));
+  const PendingDigest done = std::move(pending);
+  digests_.erase(id);
+  RemoveNodeLocked(node, done.tiers);
+  for (const auto& [key, key_tier] : done.keys) AddHolderLocked(key, MakeHolder(node, key_tier));
   ++digests_applied_;
 }
 

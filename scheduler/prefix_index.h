@@ -8,8 +8,8 @@
 //
 // Memory is bounded: at most `capacity_blocks` keys are indexed; when full, a key not stored or
 // matched recently is forgotten (CLOCK, i.e. LRU with second chance: a match only sets a bit in
-// the entry, so the hot path writes no list pointers) (the scheduler then under-estimates a hit, never invents
-// one). Soft state: a restart rebuilds it from events and digests.
+// the entry, so the hot path writes no list pointers) (the scheduler then under-estimates a hit,
+// never invents one). Soft state: a restart rebuilds it from events and digests.
 //
 // Thread safety: all methods are safe to call concurrently (one internal mutex).
 #pragma once
@@ -17,6 +17,8 @@
 #include <cstdint>
 #include <list>
 #include <span>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -72,10 +74,12 @@ class PrefixIndex {
   // Forget everything about `node` (dead or deregistered).
   void RemoveNode(NodeIndex node);
 
-  // Digest re-sync. Pages of one digest (same `digest_id`) accumulate; on the last page the
-  // node's whole state is replaced by the union of the pages. A page of another digest id
-  // discards the pages collected so far.
-  void DigestPage(NodeIndex node, uint64_t digest_id, CacheTier tier,
+  // Digest re-sync. Pages of one digest (same `source` and `digest_id`) accumulate; on the last
+  // page the node's state in the tiers the pages named (an empty page names its tier too) is
+  // replaced by the union of the pages; its other tiers are kept. So a worker's cache server
+  // (DRAM, SSD) and the worker itself (GPU: its resident blocks) each re-sync their own part of
+  // the node. A page of another digest id from the same source discards the pages collected.
+  void DigestPage(NodeIndex node, std::string_view source, uint64_t digest_id, CacheTier tier,
                   std::span<const BlockKey> keys, bool last_page);
 
   // Longest contiguous prefix of `keys` held by each node. Matched entries count as recently
@@ -103,6 +107,7 @@ class PrefixIndex {
   };
   struct PendingDigest {
     uint64_t digest_id = 0;
+    uint32_t tiers = 0;  // bit t: a page named CacheTier t
     std::vector<std::pair<BlockKey, CacheTier>> keys;
   };
 
@@ -111,13 +116,15 @@ class PrefixIndex {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EraseLocked(absl::flat_hash_map<BlockKey, Entry>::iterator it)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void RemoveNodeLocked(NodeIndex node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes `node`'s holders in the tiers of `tiers` (bit t: CacheTier t).
+  void RemoveNodeLocked(NodeIndex node, uint32_t tiers = 7) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const uint64_t capacity_blocks_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<BlockKey, Entry> entries_ ABSL_GUARDED_BY(mu_);
   std::list<BlockKey> lru_ ABSL_GUARDED_BY(mu_);  // front = most recently used
-  absl::flat_hash_map<NodeIndex, PendingDigest> digests_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::pair<NodeIndex, std::string>, PendingDigest> digests_
+      ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<NodeIndex, uint64_t> blocks_per_node_ ABSL_GUARDED_BY(mu_);
   uint64_t holders_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t evicted_entries_ ABSL_GUARDED_BY(mu_) = 0;

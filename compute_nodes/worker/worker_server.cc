@@ -115,10 +115,11 @@ absl::Status WorkerServer::Start() {
         static_cast<uint32_t>(engine_->config().qk_rope_head_dim));
     node.set_total_kv_pages(static_cast<uint32_t>(options_.kv_pages));
     node.set_model_fingerprint(std::string(fingerprint.View()));
-    scheduler_ = std::make_unique<SchedulerLink>(
-        SchedulerLinkOptions{.address = options_.scheduler_address,
-                             .node = std::move(node),
-                             .load = [core = core_.get()] { return core->Load(); }});
+    scheduler_ = std::make_unique<SchedulerLink>(SchedulerLinkOptions{
+        .address = options_.scheduler_address,
+        .node = std::move(node),
+        .load = [core = core_.get()] { return core->Load(); },
+        .resident = options_.core.resident_blocks ? &core_->resident() : nullptr});
     scheduler_->Start();
   }
   spdlog::info("worker {} ({}) serving gRPC on port {}, HTTP on port {}, {} KV pages of {} tokens",

@@ -63,13 +63,14 @@ TEST(KvEventSinkTest, MalformedEventsChangeNothing) {
 TEST(KvEventSinkTest, SequenceGapMarksOutOfSyncUntilADigest) {
   PrefixIndex index(1000);
   KvEventSink sink(&index);
-  ASSERT_TRUE(sink.Apply(0, Stored(1, Chain(0, 2), v1::TIER_GPU)).ok());
-  ASSERT_TRUE(sink.Apply(0, Stored(5, Chain(10, 2), v1::TIER_GPU)).ok());  // 2..4 lost
+  ASSERT_TRUE(sink.Apply(0, Stored(1, Chain(0, 2), v1::TIER_DRAM)).ok());
+  ASSERT_TRUE(sink.Apply(0, Stored(5, Chain(10, 2), v1::TIER_DRAM)).ok());  // 2..4 lost
   EXPECT_TRUE(sink.OutOfSync(0));
   EXPECT_FALSE(sink.OutOfSync(1));
 
   v1::KvEvent page;
   page.set_sequence(9);
+  page.set_source("w0");
   page.mutable_digest()->set_digest_id(3);
   page.mutable_digest()->set_tier(v1::TIER_DRAM);
   for (const BlockKey& k : Chain(0, 3)) page.mutable_digest()->add_keys(Bytes(k));
@@ -78,6 +79,38 @@ TEST(KvEventSinkTest, SequenceGapMarksOutOfSyncUntilADigest) {
   EXPECT_FALSE(sink.OutOfSync(0));
   EXPECT_EQ(index.Match(Chain(0, 3)).For(0).tiers[1], 3u);
   EXPECT_TRUE(index.Match(Chain(10, 2)).nodes.empty());  // replaced by the digest
+}
+
+// Two sources feeding one node (a worker's cache server and the worker) number their events
+// independently: neither makes the other look out of sync.
+TEST(KvEventSinkTest, EachSourceOfANodeHasItsOwnSequence) {
+  PrefixIndex index(1000);
+  KvEventSink sink(&index);
+  v1::KvEvent from_cache = Stored(1, Chain(0, 2), v1::TIER_DRAM);
+  from_cache.set_source("cache-0");
+  v1::KvEvent from_worker = Stored(1, Chain(0, 1), v1::TIER_GPU);
+  from_worker.set_source("worker-0");
+  ASSERT_TRUE(sink.Apply(0, from_cache).ok());
+  ASSERT_TRUE(sink.Apply(0, from_worker).ok());
+  from_cache.set_sequence(2);
+  from_worker.set_sequence(2);
+  ASSERT_TRUE(sink.Apply(0, from_worker).ok());
+  ASSERT_TRUE(sink.Apply(0, from_cache).ok());
+  EXPECT_FALSE(sink.OutOfSync(0));
+  EXPECT_EQ(index.Match(Chain(0, 2)).For(0).tiers[0], 1u);
+  // The cache server drops both blocks from all of its tiers: the worker's GPU copy stays.
+  v1::KvEvent gone;
+  gone.set_sequence(3);
+  gone.set_source("cache-0");
+  for (const BlockKey& k : Chain(0, 2)) gone.mutable_evicted()->add_keys(Bytes(k));
+  ASSERT_TRUE(sink.Apply(0, gone).ok());
+  const PrefixMatch match = index.Match(Chain(0, 2));
+  EXPECT_EQ(match.For(0).blocks, 1u);
+  EXPECT_EQ(match.For(0).tiers[0], 1u);
+  EXPECT_EQ(match.For(0).tiers[1], 0u);
+  from_worker.set_sequence(7);
+  ASSERT_TRUE(sink.Apply(0, from_worker).ok());
+  EXPECT_TRUE(sink.OutOfSync(0));
 }
 
 }  // namespace

@@ -92,14 +92,14 @@ TEST(PrefixIndexTest, QuarantineRemovesEveryHolder) {
 
 TEST(PrefixIndexTest, DigestReplacesTheSourceState) {
   PrefixIndex index(1000);
-  index.Stored(0, CacheTier::kGpu, Chain(0, 5));
-  index.Stored(1, CacheTier::kGpu, Chain(0, 5));
+  index.Stored(0, CacheTier::kDram, Chain(0, 5));
+  index.Stored(1, CacheTier::kDram, Chain(0, 5));
   // Node 0 really holds blocks 0..2 in DRAM and 0..1 of another chain; two pages.
-  index.DigestPage(0, 7, CacheTier::kDram, Chain(0, 2), /*last_page=*/false);
+  index.DigestPage(0, "cache", 7, CacheTier::kDram, Chain(0, 2), /*last_page=*/false);
   // Before the last page nothing changes.
   EXPECT_EQ(index.Match(Chain(0, 5)).For(0).blocks, 5u);
-  index.DigestPage(0, 7, CacheTier::kDram, Chain(2, 1), false);
-  index.DigestPage(0, 7, CacheTier::kSsd, Chain(50, 2), true);
+  index.DigestPage(0, "cache", 7, CacheTier::kDram, Chain(2, 1), false);
+  index.DigestPage(0, "cache", 7, CacheTier::kSsd, Chain(50, 2), true);
   const PrefixMatch match = index.Match(Chain(0, 5));
   EXPECT_EQ(match.For(0).blocks, 3u);
   EXPECT_EQ(match.For(0).tiers[1], 3u);
@@ -108,10 +108,38 @@ TEST(PrefixIndexTest, DigestReplacesTheSourceState) {
   EXPECT_EQ(index.Stats().digests_applied, 1u);
 }
 
+// A worker node is fed by its cache server (DRAM, SSD) and by itself (GPU: resident blocks). Each
+// source's digest replaces only the tiers it names, and their pages may interleave.
+TEST(PrefixIndexTest, DigestsOfTwoSourcesReplaceOnlyTheirOwnTiers) {
+  PrefixIndex index(1000);
+  index.Stored(0, CacheTier::kDram, Chain(0, 4));
+  index.Stored(0, CacheTier::kGpu, Chain(0, 2));
+  index.Stored(0, CacheTier::kGpu, Chain(20, 1));
+  index.DigestPage(0, "cache", 5, CacheTier::kDram, Chain(0, 3), false);
+  // The worker's digest, between the cache server's pages: its GPU blocks are now 0..2.
+  index.DigestPage(0, "worker", 1, CacheTier::kGpu, Chain(0, 3), true);
+  PrefixMatch match = index.Match(Chain(0, 4));
+  EXPECT_EQ(match.For(0).blocks, 4u);
+  EXPECT_EQ(match.For(0).tiers[0], 3u);  // GPU
+  EXPECT_EQ(match.For(0).tiers[1], 1u);  // block 3 only in DRAM
+  EXPECT_TRUE(index.Match(Chain(20, 1)).nodes.empty()) << "the worker no longer holds it";
+  // The cache server's last page (an empty SSD page) replaces DRAM and SSD, not GPU.
+  index.DigestPage(0, "cache", 5, CacheTier::kSsd, {}, true);
+  match = index.Match(Chain(0, 4));
+  EXPECT_EQ(match.For(0).blocks, 3u);
+  EXPECT_EQ(match.For(0).tiers[0], 3u);
+  EXPECT_EQ(index.Stats().digests_applied, 2u);
+  // An empty GPU digest clears the GPU copies; DRAM stays.
+  index.DigestPage(0, "worker", 2, CacheTier::kGpu, {}, true);
+  match = index.Match(Chain(0, 4));
+  EXPECT_EQ(match.For(0).blocks, 3u);
+  EXPECT_EQ(match.For(0).tiers[1], 3u);
+}
+
 TEST(PrefixIndexTest, DigestWithNewIdDiscardsEarlierPages) {
   PrefixIndex index(1000);
-  index.DigestPage(0, 1, CacheTier::kGpu, Chain(0, 3), false);
-  index.DigestPage(0, 2, CacheTier::kGpu, Chain(10, 1), true);
+  index.DigestPage(0, "w", 1, CacheTier::kGpu, Chain(0, 3), false);
+  index.DigestPage(0, "w", 2, CacheTier::kGpu, Chain(10, 1), true);
   EXPECT_TRUE(index.Match(Chain(0, 3)).nodes.empty());
   EXPECT_EQ(index.Match(Chain(10, 1)).For(0).blocks, 1u);
 }

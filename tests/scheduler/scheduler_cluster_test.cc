@@ -192,6 +192,41 @@ TEST_F(SchedulerClusterTest, DisaggregatedServingWithCacheHits) {
   EXPECT_EQ(server->backend()->retries(), 0u);
 }
 
+// Two workers on one cache server both hold a prefix the cache server has; the one that served
+// it also holds it in its own KV pool (resident blocks, published as its GPU tier), so the
+// scheduler sends the follow-up there and nothing is fetched: every repeat is a GPU hit.
+TEST_F(SchedulerClusterTest, FollowUpsGoToTheWorkerWhosePoolHoldsThePrefix) {
+  auto cache = StartCache();
+  auto server = StartScheduler("strata");
+  const std::string sched = "127.0.0.1:" + std::to_string(server->grpc_port());
+  auto a = StartWorker("both-a", "both", cache->grpc_address(), sched);
+  auto b = StartWorker("both-b", "both", cache->grpc_address(), sched);
+  ASSERT_TRUE(WaitForNodes(*server, 2));
+  const uint16_t port = static_cast<uint16_t>(server->http_port());
+  // Four topics that share no block: each one's first request lands on either worker, and only
+  // that worker's pool has it (random placement would find it 1 time in 16).
+  for (int topic = 0; topic < 4; ++topic) {
+    const std::string prefix = "Topic " + std::to_string(topic) + ". ";
+    auto first = Post(port, "/v1/completions", Completion(prefix + LongPrompt("First?"), 2));
+    ASSERT_EQ(first.status, 200) << first.body;
+    // The DRAM copies count for both workers, the GPU copies for one: wait until the index has
+    // the GPU copies too (3 holders per block of this prompt at least).
+    bool published = false;
+    for (int i = 0; i < 300 && !published; ++i) {
+      const PrefixIndexStats st = server->scheduler().index().Stats();
+      published = st.holders >= 3 * st.indexed_blocks && st.indexed_blocks > 0;
+      if (!published) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    ASSERT_TRUE(published) << "the worker's resident blocks never reached the index";
+    auto again = Post(port, "/v1/completions", Completion(prefix + LongPrompt("Second!"), 2));
+    ASSERT_EQ(again.status, 200) << again.body;
+    const Json usage = Json::parse(again.body)["usage"];
+    const int cached = usage["prompt_tokens_details"]["cached_tokens"].get<int>();
+    EXPECT_GT(cached, 0) << again.body;
+    EXPECT_EQ(usage["strata"]["cached_tokens_by_tier"]["gpu"].get<int>(), cached) << again.body;
+  }
+}
+
 TEST_F(SchedulerClusterTest, RequestsSurviveAWorkerCrash) {
   auto cache = StartCache();
   // Liveness would take 30 missed heartbeats: the crash is found by the failed call, not by it.

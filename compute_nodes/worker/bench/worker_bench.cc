@@ -317,7 +317,8 @@ absl::StatusOr<json> RunWorkerBench(const WorkerBenchOptions& options) {
   // ---- TTFT: cold vs cached --------------------------------------------------------------------
   const int64_t shared =
       static_cast<int64_t>(static_cast<double>(o.prompt_tokens) * o.cached_fraction);
-  std::vector<double> cold_ms, cached_ms, tail_ms, fetch_ms, cold_cpu_ms, cached_cpu_ms;
+  std::vector<double> cold_ms, cached_ms, resident_ms, tail_ms, fetch_ms, cold_cpu_ms,
+      cached_cpu_ms;
   // Where the engine's time went in each run (medians over repeats, per part).
   std::map<std::string, std::vector<double>> engine_s;
   auto engine_part = [&](const std::string& run, const cpu::CpuEngine::Times& before) {
@@ -326,7 +327,7 @@ absl::StatusOr<json> RunWorkerBench(const WorkerBenchOptions& options) {
     engine_s[run + ".decompress"].push_back(after.decompress_s - before.decompress_s);
     engine_s[run + ".attention"].push_back(after.attention_s - before.attention_s);
   };
-  int64_t cached_tokens = -1, computed_tokens = -1;
+  int64_t cached_tokens = -1, computed_tokens = -1, resident_tokens = -1;
   for (int r = 0; r < o.repeats; ++r) {
     // Cold: a fresh prompt, nothing of it cached. Its blocks are saved (on_done waits for that).
     const std::vector<int32_t> cold_prompt = RandomTokens(o.prompt_tokens, 1000 + r);
@@ -341,7 +342,20 @@ absl::StatusOr<json> RunWorkerBench(const WorkerBenchOptions& options) {
     cold_ms.push_back(cold.ttft_ms);
     cold_cpu_ms.push_back(cpu_ttft(cold_run));
 
-    // Cached: the same first `shared` tokens, then a fresh tail.
+    // Resident: the same first `shared` tokens and a fresh tail, while the worker's KV pool still
+    // holds the cold run's blocks (ResidentBlocks): nothing is fetched.
+    std::vector<int32_t> resident_prompt(cold_prompt.begin(), cold_prompt.begin() + shared);
+    const std::vector<int32_t> resident_tail = RandomTokens(o.prompt_tokens - shared, 4000 + r);
+    resident_prompt.insert(resident_prompt.end(), resident_tail.begin(), resident_tail.end());
+    before = engine.times();
+    ASSIGN_OR_RETURN(Tracked resident_run, one(resident_prompt, 1, false));
+    engine_part("resident", before);
+    resident_ms.push_back(resident_run.outcome.ttft_ms);
+    resident_tokens = resident_run.outcome.cached.gpu;
+    // The pool lets its idle blocks go, so the next run loads its prefix from the cache server.
+    core.resident().DropIdle();
+
+    // Cached: the same first `shared` tokens, then a fresh tail, from the cache server.
     std::vector<int32_t> cached_prompt(cold_prompt.begin(), cold_prompt.begin() + shared);
     const std::vector<int32_t> tail = RandomTokens(o.prompt_tokens - shared, 2000 + r);
     cached_prompt.insert(cached_prompt.end(), tail.begin(), tail.end());
@@ -353,6 +367,12 @@ absl::StatusOr<json> RunWorkerBench(const WorkerBenchOptions& options) {
     cached_cpu_ms.push_back(cpu_ttft(cached_run));
     cached_tokens = cached.cached.total;
     computed_tokens = cached.computed_tokens;
+    if (cached.cached.gpu != 0 || resident_tokens != cached_tokens) {
+      return absl::InternalError(StrCat("the resident run found ", resident_tokens,
+                                        " tokens in the pool and the cached run ",
+                                        cached.cached.gpu, " of its ", cached_tokens));
+    }
+    core.resident().DropIdle();  // the next cold run starts from an empty pool
 
     // Where the cached TTFT goes: fetching + verifying the cached prefix alone, and computing
     // as many tokens as the cached run computed but without the long context in front of them.
@@ -373,11 +393,13 @@ absl::StatusOr<json> RunWorkerBench(const WorkerBenchOptions& options) {
                      one(RandomTokens(std::max<int64_t>(1, computed_tokens), 3000 + r), 1, false));
     tail_ms.push_back(short_cold.outcome.ttft_ms);
   }
-  const double cold = Median(cold_ms), cached = Median(cached_ms);
+  const double cold = Median(cold_ms), cached = Median(cached_ms), resident = Median(resident_ms);
   result["ttft_ms"] = {{"cold", cold},
                        {"cached", cached},
+                       {"resident", resident},
                        {"cold_samples", cold_ms},
                        {"cached_samples", cached_ms},
+                       {"resident_samples", resident_ms},
                        {"computed_part_without_context", Median(tail_ms)},
                        {"fetch_cached_prefix", Median(fetch_ms)}};
   json engine_json = json::object();
@@ -388,6 +410,7 @@ absl::StatusOr<json> RunWorkerBench(const WorkerBenchOptions& options) {
   result["engine_s"] = engine_json;
   result["prefill_tokens_per_s"] = cold > 0 ? o.prompt_tokens / (cold / 1000) : 0.0;
   result["cached_tokens"] = cached_tokens;
+  result["resident_tokens"] = resident_tokens;
   result["computed_tokens"] = computed_tokens;
   result["cached_run_computed_tokens_per_s"] = cached > 0 ? computed_tokens / (cached / 1000) : 0.0;
   const double ratio = cold > 0 ? cached / cold : 0;
@@ -397,7 +420,9 @@ absl::StatusOr<json> RunWorkerBench(const WorkerBenchOptions& options) {
                            {"cold_samples", cold_cpu_ms},
                            {"cached_samples", cached_cpu_ms}};
   result["ratios"] = {{"ttft_cached_vs_cold_8k", ratio},
-                      {"ttft_cpu_cached_vs_cold_8k", cold_cpu > 0 ? cached_cpu / cold_cpu : 0}};
+                      {"ttft_cpu_cached_vs_cold_8k", cold_cpu > 0 ? cached_cpu / cold_cpu : 0},
+                      {"ttft_resident_vs_cold_8k", cold > 0 ? resident / cold : 0},
+                      {"ttft_resident_vs_cached_8k", cached > 0 ? resident / cached : 0}};
   result["target"] = {{"ttft_cached_vs_cold_8k_max", kTtftRatioTarget},
                       {"pass", ratio <= kTtftRatioTarget}};
 
@@ -475,6 +500,10 @@ std::string FormatWorkerBench(const json& r) {
                             StrCat("TTFT cached (", r["cached_tokens"].get<int64_t>(), " cached, ",
                                    r["computed_tokens"].get<int64_t>(), " computed)"),
                             t["cached"].get<double>()));
+  StrAppend(&out, absl::StrFormat("%-44s %10.1f ms\n",
+                                  StrCat("TTFT resident (", r["resident_tokens"].get<int64_t>(),
+                                         " in the worker's pool)"),
+                                  t["resident"].get<double>()));
   StrAppend(&out, absl::StrFormat("%-44s %10.1f ms\n", "  fetching the cached prefix alone",
                                   t["fetch_cached_prefix"].get<double>()));
   StrAppend(&out, absl::StrFormat("%-44s %10.1f ms\n", "  computing as many tokens, no context",
@@ -494,6 +523,9 @@ std::string FormatWorkerBench(const json& r) {
   StrAppend(&out,
             absl::StrFormat("ratio of process CPU time to first token, cached / cold = %.3f\n",
                             r["ratios"]["ttft_cpu_cached_vs_cold_8k"].get<double>()));
+  StrAppend(&out, absl::StrFormat("ratio TTFT resident / cached = %.3f, resident / cold = %.3f\n",
+                                  r["ratios"]["ttft_resident_vs_cached_8k"].get<double>(),
+                                  r["ratios"]["ttft_resident_vs_cold_8k"].get<double>()));
   return out;
 }
 

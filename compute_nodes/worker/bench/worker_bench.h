@@ -3,8 +3,10 @@
 // as the worker daemon wires them (worker_server.cc) minus gRPC — measured end to end:
 //
 //   - TTFT of a long prompt (8K tokens) computed cold (nothing cached) and 90 % cached (a
-//     previous request sharing its first 90 % of tokens was served and its blocks committed);
-//     medians over `repeats`, each repeat with fresh prompts;
+//     previous request sharing its first 90 % of tokens was served and its blocks committed),
+//     the cached prefix once still resident in the worker's KV pool (ResidentBlocks) and once
+//     loaded from the cache server (the pool's idle blocks dropped first); medians over
+//     `repeats`, each repeat with fresh prompts;
 //   - prefill tokens/s of the cold run (prompt tokens / cold TTFT);
 //   - decode tokens/s at several batch sizes: N concurrent requests with short prompts, tokens
 //     delivered between the moment every request has its first token and the moment the last
@@ -46,8 +48,9 @@ struct WorkerBenchOptions {
   std::string work_dir;   // cache server data; empty: a temp dir (removed afterwards)
 };
 
-// The JSON of docs/benchmarks.md: "ratios.ttft_cached_vs_cold_8k", "ttft_ms.{cold,cached}"
-// (medians, plus the per-repeat samples), "prefill_tokens_per_s", "decode_tokens_per_s.{N}",
+// The JSON of docs/benchmarks.md: "ratios.ttft_cached_vs_cold_8k" (from the cache server),
+// "ratios.ttft_resident_vs_{cold,cached}_8k", "ttft_ms.{cold,cached,resident}" (medians, plus the
+// per-repeat samples), "resident_tokens", "prefill_tokens_per_s", "decode_tokens_per_s.{N}",
 // "cached_tokens", "computed_tokens" (of the cached run), "model", "machine", "options"; and,
 // to explain the ratio: "ttft_ms.fetch_cached_prefix" (fetching and verifying the cached blocks
 // alone), "ttft_ms.computed_part_without_context" (a fresh prompt as long as the computed part),

@@ -30,6 +30,12 @@ TEST(BenchWorkerTest, JsonHasTheFiguresAndTheCachedRunComputesOnlyTheTail) {
   // 90 % of 512 is 460 tokens: 7 full blocks of 64 are cached, the remaining 64 computed.
   EXPECT_EQ(j["cached_tokens"].get<int64_t>(), 448);
   EXPECT_EQ(j["computed_tokens"].get<int64_t>(), 64);
+  // The same 7 blocks, once found in the worker's own pool.
+  EXPECT_EQ(j["resident_tokens"].get<int64_t>(), 448);
+  const double resident = j["ttft_ms"]["resident"].get<double>();
+  EXPECT_GT(resident, 0);
+  EXPECT_NEAR(j["ratios"]["ttft_resident_vs_cached_8k"].get<double>(),
+              resident / j["ttft_ms"]["cached"].get<double>(), 1e-9);
 
   const double cold = j["ttft_ms"]["cold"].get<double>();
   const double cached = j["ttft_ms"]["cached"].get<double>();
@@ -45,7 +51,7 @@ TEST(BenchWorkerTest, JsonHasTheFiguresAndTheCachedRunComputesOnlyTheTail) {
   EXPECT_GT(j["ttft_cpu_ms"]["cold"].get<double>(), 0);
   EXPECT_GT(j["ttft_cpu_ms"]["cached"].get<double>(), 0);
   // Where the engine's time went: attention and decompression are parts of the forward time.
-  for (const char* run : {"cold", "cached"}) {
+  for (const char* run : {"cold", "cached", "resident"}) {
     const json& e = j["engine_s"][run];
     EXPECT_GT(e["forward"].get<double>(), 0) << run;
     EXPECT_GT(e["attention"].get<double>(), 0) << run;

@@ -1,6 +1,8 @@
 // SchedulerLink against a scheduler stand-in that records what it is told: register, heartbeats
-// with the worker's load, re-register when the scheduler asks, and retry until it is reachable.
-// (The real scheduler service is issue #7; this checks the worker's side of the protocol.)
+// with the worker's load, re-register when the scheduler asks, retry until it is reachable, and
+// publish the worker's resident blocks (a digest, then changes in order; a digest again after a
+// re-registration). (The real scheduler's side is tested in tests/scheduler; this checks the
+// worker's side of the protocol.)
 #include "compute_nodes/worker/scheduler_link.h"
 
 #include <grpcpp/grpcpp.h>
@@ -8,6 +10,7 @@
 
 #include <atomic>
 #include <mutex>
+#include <set>
 #include <thread>
 
 namespace strata::worker {
@@ -33,7 +36,18 @@ class RecordingScheduler final : public v1::Scheduler::Service {
     return grpc::Status::OK;
   }
 
+  grpc::Status PublishKvEvents(grpc::ServerContext*, grpc::ServerReader<v1::KvEventBatch>* reader,
+                               v1::PublishKvEventsResponse*) override {
+    v1::KvEventBatch batch;
+    while (reader->Read(&batch)) {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (const v1::KvEvent& e : batch.events()) events_.push_back(e);
+    }
+    return grpc::Status::OK;
+  }
+
   std::mutex mu_;
+  std::vector<v1::KvEvent> events_;
   std::vector<v1::NodeInfo> nodes_;
   v1::HeartbeatRequest last_;
   int heartbeats_ = 0;
@@ -128,6 +142,74 @@ TEST(SchedulerLinkTest, RetriesUntilTheSchedulerIsUp) {
   ASSERT_NE(server, nullptr);
   EXPECT_TRUE(Eventually([&] { return link.registered() && link.heartbeats_sent() > 0; }));
   link.Stop();
+  server->Shutdown();
+}
+
+TEST(SchedulerLinkTest, PublishesResidentBlocksAsGpuTierEvents) {
+  RecordingScheduler scheduler;
+  int port = 0;
+  auto server = Serve(&scheduler, "127.0.0.1:0", &port);
+  ASSERT_NE(server, nullptr);
+  runtime::HostKvPool pool({.num_layers = 1, .block_tokens = 4, .latent_dim = 8, .rope_dim = 4}, 4);
+  ResidentBlocks resident(pool);
+  v1::NodeInfo node;
+  node.set_node_id("both-3");
+  SchedulerLink link({.address = "127.0.0.1:" + std::to_string(port),
+                      .node = node,
+                      .load = [] { return v1::WorkerLoad(); },
+                      .resident = &resident,
+                      .publish_interval = absl::Milliseconds(20),
+                      .digest_page_keys = 2});
+  link.Start();
+  auto events = [&] {
+    std::lock_guard<std::mutex> lock(scheduler.mu_);
+    return scheduler.events_;
+  };
+  // First an (empty) digest.
+  ASSERT_TRUE(Eventually([&] { return !events().empty(); }));
+  ASSERT_TRUE(events()[0].has_digest());
+  EXPECT_EQ(events()[0].source(), "both-3");
+  EXPECT_EQ(events()[0].digest().tier(), v1::TIER_GPU);
+  EXPECT_TRUE(events()[0].digest().last_page());
+
+  // Three blocks kept, then one of them taken back: stored, then evicted, numbered in order.
+  std::vector<BlockKey> keys(3);
+  for (int i = 0; i < 3; ++i) keys[i].bytes[0] = static_cast<uint8_t>(i + 1);
+  runtime::PageTable table;
+  ASSERT_TRUE(resident.EnsureCapacity(table, 12).ok());
+  resident.Release(keys, 0, table);
+  ASSERT_TRUE(Eventually([&] { return events().size() >= 2; }));
+  ASSERT_TRUE(resident.EnsureCapacity(table, 8).ok());  // one free page + the tail block's
+  ASSERT_TRUE(Eventually([&] { return events().size() >= 3; }));
+  std::vector<v1::KvEvent> seen = events();
+  ASSERT_TRUE(seen[1].has_stored());
+  EXPECT_EQ(seen[1].stored().tier(), v1::TIER_GPU);
+  ASSERT_EQ(seen[1].stored().keys_size(), 3);
+  EXPECT_EQ(seen[1].stored().keys(2), std::string(keys[0].View()));  // released tail first
+  EXPECT_EQ(seen[1].stored().parent_keys(2), "");
+  EXPECT_EQ(seen[1].stored().parent_keys(0), std::string(keys[1].View()));
+  ASSERT_TRUE(seen[2].has_evicted());
+  ASSERT_EQ(seen[2].evicted().keys_size(), 1);
+  EXPECT_EQ(seen[2].evicted().keys(0), std::string(keys[2].View()));
+  EXPECT_EQ(seen[2].sequence(), seen[1].sequence() + 1);
+
+  // After a re-registration the state comes again as a digest: two blocks, in pages of two keys.
+  const int64_t digests = link.digests_sent();
+  scheduler.reregister_once_ = true;
+  ASSERT_TRUE(Eventually([&] { return link.digests_sent() > digests; }));
+  seen = events();
+  std::set<std::string> digested;
+  bool last = false;
+  for (size_t i = 3; i < seen.size(); ++i) {
+    if (!seen[i].has_digest()) continue;
+    for (const std::string& k : seen[i].digest().keys()) digested.insert(k);
+    last = seen[i].digest().last_page();
+  }
+  EXPECT_TRUE(last);
+  EXPECT_EQ(digested,
+            (std::set<std::string>{std::string(keys[0].View()), std::string(keys[1].View())}));
+  link.Stop();
+  resident.Discard(table);
   server->Shutdown();
 }
 
