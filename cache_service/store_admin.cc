@@ -210,7 +210,7 @@ absl::Status StoreImpl::Evict(const v1::EvictRequest& req, v1::EvictResponse* re
       continue;
     }
     const uint64_t bytes = e.rec.payload_bytes;
-    if (RemoveFromTierLocked(k, tier)) {
+    if (RemoveFromTierLocked(k, tier, /*by_operator=*/true)) {
       resp->set_evicted_blocks(resp->evicted_blocks() + 1);
       resp->set_freed_bytes(resp->freed_bytes() + bytes);
     }

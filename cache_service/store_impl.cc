@@ -263,7 +263,8 @@ size_t StoreImpl::EvictLocked(TierKind kind, size_t count, const std::string* te
   return evicted;
 }
 
-bool StoreImpl::RemoveFromTierLocked(const BlockKey& key, std::optional<TierKind> tier) {
+bool StoreImpl::RemoveFromTierLocked(const BlockKey& key, std::optional<TierKind> tier,
+                                     bool by_operator) {
   auto it = blocks_.find(key);
   if (it == blocks_.end()) return false;
   Entry& e = it->second;
@@ -288,6 +289,7 @@ bool StoreImpl::RemoveFromTierLocked(const BlockKey& key, std::optional<TierKind
   ev.mutable_evicted()->add_keys(std::string(key.View()));
   ev.mutable_evicted()->set_tier(after.resident() ? ToProto(tier.value_or(TierKind::kDram))
                                                   : v1::TIER_UNSPECIFIED);
+  ev.mutable_evicted()->set_by_operator(by_operator);
   events_.Publish(std::move(ev));
   if (after.resident()) {
     e.rec = std::move(after);

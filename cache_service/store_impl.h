@@ -120,9 +120,10 @@ class StoreImpl final : public BlockStore {
   std::vector<BlockKey> CopyToSsd(std::unique_lock<std::mutex>& lock,
                                   const std::vector<BlockKey>& keys);
   // Removes the block from one tier (or all with kGpu used as "every tier": see .cc), updating
-  // the index and publishing `evicted`. False when the index write failed (nothing changed).
-  bool RemoveFromTierLocked(const BlockKey& key, std::optional<TierKind> tier)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // the index and publishing `evicted` (`by_operator`: for an admin Evict). False when the index
+  // write failed (nothing changed).
+  bool RemoveFromTierLocked(const BlockKey& key, std::optional<TierKind> tier,
+                            bool by_operator = false) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void QuarantineLocked(const BlockKey& key, const std::string& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EndLeaseLocked(Lease& lease) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

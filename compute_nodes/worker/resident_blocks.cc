@@ -25,7 +25,7 @@ int64_t ResidentBlocks::Acquire(std::span<const BlockKey> keys, runtime::PageTab
   bool saved_run = true;
   for (const BlockKey& key : keys) {
     auto it = blocks_.find(key);
-    if (it == blocks_.end()) break;
+    if (it == blocks_.end() || it->second.forgotten) break;
     Block& b = it->second;
     if (b.refs++ == 0) {
       idle_.erase(b.idle);
@@ -72,10 +72,7 @@ void ResidentBlocks::Release(std::span<const BlockKey> keys, int64_t saved,
       Block& b = blocks_.at(held->second);
       if (static_cast<int64_t>(i) < saved) b.saved = true;
       STRATA_CHECK(b.refs > 0, "ResidentBlocks::Release: a resident page released twice");
-      if (--b.refs == 0) {
-        b.idle = idle_.insert(idle_.end(), held->second);
-        ++idle_count_;
-      }
+      if (--b.refs == 0) LetGoLocked(held->second);
       continue;
     }
     if (!enabled_ || i >= keys.size() || blocks_.contains(keys[i])) {
@@ -104,10 +101,7 @@ void ResidentBlocks::Discard(runtime::PageTable& table) {
     }
     // A shared block: only the reference goes (its KV was complete before this sequence).
     Block& b = blocks_.at(held->second);
-    if (--b.refs == 0) {
-      b.idle = idle_.insert(idle_.end(), held->second);
-      ++idle_count_;
-    }
+    if (--b.refs == 0) LetGoLocked(held->second);
   }
   table.pages.clear();
 }
@@ -119,15 +113,51 @@ int64_t ResidentBlocks::DropIdle() {
   return n;
 }
 
-void ResidentBlocks::ReclaimOneLocked() {
-  const BlockKey key = idle_.front();
-  idle_.pop_front();
-  --idle_count_;
+int64_t ResidentBlocks::Forget(std::span<const BlockKey> keys) {
+  absl::MutexLock lock(&mu_);
+  int64_t n = 0;
+  for (const BlockKey& key : keys) {
+    auto it = blocks_.find(key);
+    if (it == blocks_.end() || it->second.forgotten) continue;
+    ++n;
+    Block& b = it->second;
+    if (b.refs > 0) {
+      b.forgotten = true;
+      NoteLocked({.key = key, .parent = {}, .added = false});
+      continue;
+    }
+    idle_.erase(b.idle);
+    --idle_count_;
+    EraseLocked(it);
+  }
+  return n;
+}
+
+void ResidentBlocks::LetGoLocked(BlockKey key) {
   auto it = blocks_.find(key);
+  if (it->second.forgotten) {
+    pool_.Free(it->second.page);
+    by_page_.erase(it->second.page);
+    blocks_.erase(it);  // its removal was noted when it was forgotten
+    return;
+  }
+  it->second.idle = idle_.insert(idle_.end(), key);
+  ++idle_count_;
+}
+
+void ResidentBlocks::EraseLocked(absl::flat_hash_map<BlockKey, Block>::iterator it) {
+  const BlockKey key = it->first;
   pool_.Free(it->second.page);
   by_page_.erase(it->second.page);
   blocks_.erase(it);
   NoteLocked({.key = key, .parent = {}, .added = false});
+}
+
+void ResidentBlocks::ReclaimOneLocked() {
+  const BlockKey key = idle_.front();
+  idle_.pop_front();
+  --idle_count_;
+  EraseLocked(blocks_.find(key));
 }
 
 void ResidentBlocks::NoteLocked(Change change) {

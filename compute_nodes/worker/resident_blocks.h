@@ -68,6 +68,10 @@ class ResidentBlocks {
 
   // Forgets every idle block, returning its page to the pool. Returns how many.
   int64_t DropIdle();
+  // Forgets the blocks of `keys` that are resident (an operator evicted them from the cache
+  // server): an idle one's page goes back now; a held one is found by no later Acquire and its
+  // page goes back when its last holder releases it. Returns how many were resident.
+  int64_t Forget(std::span<const BlockKey> keys);
 
   int64_t resident_blocks() const;  // held + idle
   int64_t idle_blocks() const;
@@ -96,11 +100,17 @@ class ResidentBlocks {
     int32_t page = -1;
     int32_t refs = 0;
     bool saved = false;
+    bool forgotten = false;              // Forget() while held: freed at the last release
     std::list<BlockKey>::iterator idle;  // position in idle_ while refs == 0
   };
 
   // Forgets the least recently released idle block and frees its page.
   void ReclaimOneLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Frees the page of a block not in idle_ and forgets the block (noting its removal).
+  void EraseLocked(absl::flat_hash_map<BlockKey, Block>::iterator it)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A block whose last holder let go: idle, or gone if it was forgotten meanwhile.
+  void LetGoLocked(BlockKey key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void NoteLocked(Change change) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   runtime::KvPool& pool_;

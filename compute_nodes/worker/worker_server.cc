@@ -67,6 +67,12 @@ absl::Status WorkerServer::Start() {
   }
   core_ = std::make_unique<WorkerCore>(*engine_, *caches_, options_.core);
   core_->Start();
+  if (caches_->has_local() && options_.core.resident_blocks) {
+    // An operator's eviction on the cache server also empties this worker's pool of the blocks.
+    eviction_watcher_ = std::make_unique<EvictionWatcher>(
+        options_.cache_address, options_.node_id + "-evictions", &core_->resident());
+    eviction_watcher_->Start();
+  }
 
   KvFormat format;
   format.codec = options_.core.cache_codec;
@@ -136,6 +142,7 @@ void WorkerServer::Wait() {
 
 void WorkerServer::Shutdown() {
   if (scheduler_) scheduler_->Stop();
+  if (eviction_watcher_) eviction_watcher_->Stop();
   // Requests in flight end (Unavailable) before the RPCs waiting on them are torn down.
   if (core_) core_->Stop();
   if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));

@@ -216,7 +216,15 @@ TEST_F(BlockStoreTest, EvictionTakesTheLeastRecentlyUsedChainFromItsTail) {
   Get(*store, ns_, b, kBytes);  // b is the most recently used
   Tick();
   const auto c = Chain(ns_, 2, 10);
+  const uint64_t from = store->events().next_sequence();
   EXPECT_EQ(Put(*store, ns_, c, kBytes).codes, std::vector<int>(2, kOk));
+  int evicted_events = 0;
+  for (const auto& e : store->events().Read(from, absl::ZeroDuration())) {
+    if (!e.has_evicted()) continue;
+    ++evicted_events;
+    EXPECT_FALSE(e.evicted().by_operator()) << "eviction to make room";
+  }
+  EXPECT_EQ(evicted_events, 2);
   // Two slots were needed: a's last two blocks went, a's prefix and all of b stayed.
   EXPECT_EQ(Get(*store, ns_, a, kBytes).hits, 2u);
   EXPECT_EQ(Get(*store, ns_, b, kBytes).hits, 4u);
@@ -410,8 +418,16 @@ TEST_F(BlockStoreTest, AdminEvictFlushDrainAndCapacity) {
   ev.mutable_selector()->mutable_token_prefix()->set_namespace_id(std::string(ns_.View()));
   for (uint32_t t : tokens) ev.mutable_selector()->mutable_token_prefix()->add_tokens(t);
   v1::EvictResponse eresp;
+  const uint64_t from = store->events().next_sequence();
   ASSERT_TRUE(store->Evict(ev, &eresp).ok());
   EXPECT_EQ(eresp.evicted_blocks(), 4u);  // the 2 prefix blocks and their descendants
+  // Each left every tier at an operator's request: what tells workers to drop their copies.
+  int by_operator = 0;
+  for (const auto& e : store->events().Read(from, absl::ZeroDuration())) {
+    by_operator +=
+        e.has_evicted() && e.evicted().by_operator() && e.evicted().tier() == v1::TIER_UNSPECIFIED;
+  }
+  EXPECT_EQ(by_operator, 4);
   EXPECT_EQ(Get(*store, ns_, a, kBytes).hits, 0u);
   EXPECT_EQ(Stats(*store).blocks(), 0u);
 }

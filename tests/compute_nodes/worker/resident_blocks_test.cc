@@ -146,6 +146,36 @@ TEST(ResidentBlocksTest, PagesAreReclaimedLeastRecentlyUsedAndTailFirst) {
   resident.Discard(more);
 }
 
+// An operator evicted blocks from the cache server: an idle copy goes at once, a held one is no
+// longer handed out and goes when its holder lets go.
+TEST(ResidentBlocksTest, ForgottenBlocksAreNotHandedOutAgain) {
+  runtime::HostKvPool pool(Layout(), 8);
+  ResidentBlocks resident(pool);
+  runtime::PageTable a;
+  ASSERT_TRUE(resident.EnsureCapacity(a, 12).ok());
+  resident.Release(Keys(0, 3), 3, a);
+  runtime::PageTable held;
+  int64_t saved = 0;
+  ASSERT_EQ(resident.Acquire(Keys(0, 1), &held, &saved), 1);  // block 0 is in use
+  (void)resident.TakeChanges();
+
+  const std::vector<BlockKey> evicted = {Key(0), Key(2), Key(9)};
+  EXPECT_EQ(resident.Forget(evicted), 2) << "key 9 was never resident";
+  EXPECT_EQ(resident.Forget(evicted), 0) << "nothing left to forget";
+  EXPECT_EQ(pool.free_pages(), 6);  // block 2's page; block 0's is still held
+  EXPECT_EQ(resident.idle_blocks(), 1);
+  runtime::PageTable probe;
+  EXPECT_EQ(resident.Acquire(Keys(0, 2), &probe, &saved), 0);
+  const ResidentBlocks::Changes changes = resident.TakeChanges();
+  ASSERT_EQ(changes.list.size(), 2u);
+  EXPECT_FALSE(changes.list[0].added || changes.list[1].added);
+
+  resident.Release(Keys(0, 1), 1, held);
+  EXPECT_EQ(pool.free_pages(), 7);
+  EXPECT_EQ(resident.resident_blocks(), 1);  // block 1 only
+  EXPECT_TRUE(resident.TakeChanges().list.empty()) << "block 0's removal was noted once";
+}
+
 TEST(ResidentBlocksTest, TheChangeLogNamesParentsAndOverflowsIntoADigest) {
   runtime::HostKvPool pool(Layout(), 4);
   ResidentBlocks resident(pool);

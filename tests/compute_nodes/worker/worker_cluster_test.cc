@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <random>
@@ -21,6 +22,7 @@
 #include "compute_nodes/model/weights.h"
 #include "compute_nodes/runtime/generate.h"
 #include "compute_nodes/tokenizer/tokenizer.h"
+#include "strata/v1/cache_admin.grpc.pb.h"
 #include "strata/v1/worker.grpc.pb.h"
 #include "tests/util/child_process.h"
 #include "tests/util/http_get.h"
@@ -357,6 +359,45 @@ TEST_P(WorkerClusterTest, ChatTurnTwoHitsTheAnswer) {
   EXPECT_EQ(Metric(*w, "strata_cache_client_bytes_total", "direction=\"read\""), 0);
   EXPECT_EQ(Metric(*w, "strata_worker_prompt_tokens_total", "source=\"resident\""), 128);
   EXPECT_EQ(s.tokens, Reference(turn2, 12));
+}
+
+// An operator's eviction on the cache server reaches the worker's own pool: the blocks the worker
+// kept are forgotten there too, and the next request computes everything.
+TEST_P(WorkerClusterTest, AnOperatorsEvictionEmptiesTheWorkersPoolToo) {
+  const std::string token_file = dir_ + "/admin-token";
+  {
+    std::ofstream(token_file) << "operator-token\n";
+  }
+  std::filesystem::permissions(token_file, std::filesystem::perms::owner_read |
+                                               std::filesystem::perms::owner_write);
+  auto cache = StartCache(false, "cache", {"cluster.admin_token_file=" + token_file});
+  auto w = StartWorker("both-0", "both", cache->grpc_address());
+  auto stub = Stub(*w);
+  const auto prompt = Prompt(200, 61);
+  const Stream first = Generate(*stub, prompt, 8);
+  ASSERT_TRUE(first.status.ok()) << first.status.error_message();
+  const Stream resident = Generate(*stub, prompt, 8);
+  ASSERT_TRUE(resident.status.ok()) << resident.status.error_message();
+  EXPECT_EQ(resident.last.usage().cached().gpu(), 192u);
+
+  auto admin = v1::CacheAdmin::NewStub(
+      grpc::CreateChannel(cache->grpc_address(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.AddMetadata("authorization", "Bearer operator-token");
+  v1::EvictRequest req;
+  req.mutable_selector()->set_all(true);
+  v1::EvictResponse resp;
+  const grpc::Status evicted = admin->Evict(&ctx, req, &resp);
+  ASSERT_TRUE(evicted.ok()) << evicted.error_message();
+  EXPECT_EQ(resp.evicted_blocks(), 3u);
+  for (int i = 0; i < 200 && Metric(*w, "strata_worker_resident_blocks") > 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(Metric(*w, "strata_worker_resident_blocks"), 0);
+  const Stream after = Generate(*stub, prompt, 8);
+  ASSERT_TRUE(after.status.ok()) << after.status.error_message();
+  EXPECT_EQ(after.last.usage().cached().total(), 0u);
+  EXPECT_EQ(after.tokens, first.tokens);
 }
 
 // worker.cache_codec=fp8: the turn-1 blocks are saved as fp8 (what the worker reads for turn 2 is
