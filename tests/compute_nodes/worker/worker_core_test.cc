@@ -332,5 +332,41 @@ TEST_F(WorkerCoreTest, IdleBlocksGiveTheirPagesBackTailFirst) {
   ExpectNoPageHeld(8);
 }
 
+// Many requests over two shared system prompts in a pool too small for all of them: resident
+// pages are shared, taken back, swapped sequences come back (from their resident blocks or by
+// recomputation), and every output is still the one-at-a-time reference; no page leaks.
+TEST_F(WorkerCoreTest, SharedPrefixesUnderPagePressureKeepOutputs) {
+  Make(14, {.token_budget = 128});
+  const std::vector<std::vector<int32_t>> systems = {Prompt(128, 70), Prompt(192, 71)};
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 8; ++i) {
+    std::vector<int32_t> p = systems[i % 2];
+    const std::vector<int32_t> q = Prompt(20 + 17 * i, 80 + i);
+    p.insert(p.end(), q.begin(), q.end());
+    prompts.push_back(p);
+  }
+  // One of each first, so that later ones find resident blocks; then the rest at once.
+  for (int i = 0; i < 2; ++i) {
+    Collector c;
+    ASSERT_TRUE(core_->Submit(Spec("warm" + std::to_string(i), prompts[i], 4), c.Events()).ok());
+    ASSERT_TRUE(c.Wait().status.ok());
+  }
+  std::vector<Collector> out(prompts.size());
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    ASSERT_TRUE(
+        core_->Submit(Spec("p" + std::to_string(i), prompts[i], 90), out[i].Events()).ok());
+  }
+  int64_t from_pool = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    const RequestOutcome o = out[i].Wait();
+    ASSERT_TRUE(o.status.ok()) << o.status;
+    from_pool += o.cached.gpu;
+    EXPECT_EQ(out[i].tokens, Reference(prompts[i], 90)) << i;
+  }
+  EXPECT_GT(from_pool, 0);
+  EXPECT_GT(core_->stats().swapped_out, 0) << "the pool should have been too small";
+  ExpectNoPageHeld(14);
+}
+
 }  // namespace
 }  // namespace strata::worker
