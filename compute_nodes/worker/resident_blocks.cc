@@ -61,6 +61,24 @@ absl::Status ResidentBlocks::EnsureCapacity(runtime::PageTable& table, int64_t t
   return runtime::EnsureCapacity(pool_, table, tokens);
 }
 
+void ResidentBlocks::Publish(std::span<const BlockKey> keys, int64_t saved,
+                             const runtime::PageTable& table, size_t from) {
+  if (!enabled_) return;
+  STRATA_CHECK(keys.size() <= table.pages.size(), "ResidentBlocks::Publish: more keys than pages");
+  absl::MutexLock lock(&mu_);
+  for (size_t i = from; i < keys.size(); ++i) {
+    const int32_t page = table.pages[i];
+    if (by_page_.contains(page) || blocks_.contains(keys[i])) continue;
+    Block& b = blocks_[keys[i]];
+    b.parent = i == 0 ? BlockKey{} : keys[i - 1];
+    b.page = page;
+    b.refs = 1;
+    b.saved = static_cast<int64_t>(i) < saved;
+    by_page_[page] = keys[i];
+    NoteLocked({.key = keys[i], .parent = b.parent, .added = true});
+  }
+}
+
 void ResidentBlocks::Release(std::span<const BlockKey> keys, int64_t saved,
                              runtime::PageTable& table) {
   STRATA_CHECK(keys.size() <= table.pages.size(), "ResidentBlocks::Release: more keys than pages");

@@ -12,16 +12,18 @@
 //   ...
 //   resident.Release(full_block_keys, saved_blocks, table);      // pages stay, or go to the pool
 //
-// A block nobody holds is idle: it still owns its page, but the page is taken back (the block
-// forgotten) as soon as a sequence needs one and the pool has none free, least recently used
-// first, and within a chain from its tail, so a kept suffix always has its prefix. Idle pages
-// therefore count as available: `available_pages()`.
+// A running sequence publishes its blocks as each one fills (Publish), so a prompt admitted while
+// it still runs shares them too. A block nobody holds is idle: it still owns its page, but the page
+// is taken back (the block forgotten) as soon as a sequence needs one and the pool has none free,
+// least recently used first, and within a chain from its tail, so a kept suffix always has its
+// prefix. Idle pages therefore count as available: `available_pages()`.
 //
 // Each block remembers whether it is known to be in the cache server (saved, or being saved), so
 // that a sequence that takes it does not save it again.
 //
-// Thread safety: the methods that move pages (Acquire, EnsureCapacity, Release, DropIdle) are for
-// one thread, the worker's loop; the counters and TakeChanges may be read from any thread.
+// Thread safety: every method locks; the ones that move a sequence's pages (Acquire,
+// EnsureCapacity, Publish, Release, Discard) are meant for one thread, the worker's loop, which
+// owns the tables. DropIdle, Forget, the counters, TakeChanges and Keys may be called from any.
 #pragma once
 
 #include <cstdint>
@@ -56,6 +58,13 @@ class ResidentBlocks {
   // Allocates pages until `table` covers `tokens` tokens, taking idle blocks' pages when the pool
   // has none free. ResourceExhausted (nothing changed) when available_pages() is too few.
   absl::Status EnsureCapacity(runtime::PageTable& table, int64_t tokens);
+
+  // Makes the table's full blocks [from, keys.size()) resident while their sequence still runs,
+  // held by it (one reference each), so that a prompt admitted meanwhile shares them. A page
+  // already resident is skipped, and so is a block resident in another page (computed twice:
+  // this copy stays the sequence's own). `saved`: as for Release.
+  void Publish(std::span<const BlockKey> keys, int64_t saved, const runtime::PageTable& table,
+               size_t from);
 
   // Gives back every page of `table` and empties it. `keys` name the table's leading full
   // blocks (keys.size() <= table.pages.size(); each page's KV complete); the first `saved` are

@@ -30,13 +30,14 @@ struct WorkerCore::Sequence {
   int64_t prompt_len = 0;
   int64_t kv_len = 0;  // positions whose KV is in `pages`
   runtime::PageTable pages;
-  std::vector<BlockKey> keys;   // of the leading full blocks of `tokens`, as far as computed
-  int64_t saved_blocks = 0;     // leading blocks known to be in the cache or being saved
-  int64_t fetch_blocks = 0;     // the loader fetches blocks [resident_blocks, fetch_blocks)
-  int64_t resident_blocks = 0;  // leading blocks whose pages came from ResidentBlocks
-  int64_t emitted = 0;          // generated tokens handed to on_tokens
-  bool first_load = true;       // only the first load counts as cached prompt tokens
-  bool cancelled = false;       // guarded by WorkerCore::mu_
+  std::vector<BlockKey> keys;    // of the leading full blocks of `tokens`, as far as computed
+  int64_t saved_blocks = 0;      // leading blocks known to be in the cache or being saved
+  int64_t fetch_blocks = 0;      // the loader fetches blocks [resident_blocks, fetch_blocks)
+  int64_t resident_blocks = 0;   // leading blocks whose pages came from ResidentBlocks
+  int64_t published_blocks = 0;  // leading full blocks offered to ResidentBlocks::Publish
+  int64_t emitted = 0;           // generated tokens handed to on_tokens
+  bool first_load = true;        // only the first load counts as cached prompt tokens
+  bool cancelled = false;        // guarded by WorkerCore::mu_
   CachedTokenCounts cached;
   int64_t computed_tokens = 0;
   absl::Time submitted = absl::Now();

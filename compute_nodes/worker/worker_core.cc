@@ -269,6 +269,7 @@ void WorkerCore::AdmitLocked(std::vector<SeqPtr>* ready) {
       Metrics().swaps.Labels({"in"}).Increment();
     }
     seq->resident_blocks = resident;
+    seq->published_blocks = resident;
     seq->kv_len = resident * block_tokens_;
     seq->saved_blocks = saved;
     {
@@ -301,6 +302,15 @@ void WorkerCore::AdmitLocked(std::vector<SeqPtr>* ready) {
       running_.push_back(seq);
     }
   }
+}
+
+void WorkerCore::PublishFullBlocks(Sequence& seq) {
+  const int64_t full = seq.kv_len / block_tokens_;
+  if (!options_.resident_blocks || full <= seq.published_blocks) return;
+  ExtendKeys(seq, full);
+  resident_.Publish(std::span<const BlockKey>(seq.keys).first(full), seq.saved_blocks, seq.pages,
+                    seq.published_blocks);
+  seq.published_blocks = full;
 }
 
 void WorkerCore::ReleaseSequencePages(Sequence& seq, bool discard) {
@@ -520,6 +530,7 @@ bool WorkerCore::Step() {
   int64_t prefill_tokens = 0;
   for (size_t i = 0; i < decode.size(); ++i) {
     decode[i]->kv_len += 1;
+    PublishFullBlocks(*decode[i]);
     AfterDecode(decode[i], outputs[i]);
   }
   for (size_t i = 0; i < prefill.size(); ++i) {
@@ -528,6 +539,7 @@ bool WorkerCore::Step() {
     s->computed_tokens += s->generated() == 0 ? chunk[i] : 0;
     prefill_tokens += chunk[i];
     if (s->spec.save_blocks) SaveBlocks(s, s->kv_len / block_tokens_);
+    PublishFullBlocks(*s);
     if (s->kv_len >= s->prefill_target()) AfterPrefill(s, outputs[decode.size() + i].logits);
   }
   Metrics().computed.Increment(static_cast<double>(prefill_tokens));

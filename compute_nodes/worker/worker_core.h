@@ -128,6 +128,8 @@ class WorkerCore {
   int64_t PagesFor(int64_t tokens) const;
   // Gives the sequence's pages back: its full blocks stay resident unless `discard`.
   void ReleaseSequencePages(Sequence& seq, bool discard = false);
+  // Makes the sequence's newly filled blocks resident (shared with prompts admitted meanwhile).
+  void PublishFullBlocks(Sequence& seq);
   // The loader's fetch buffer for `bytes` (load_buffer_, grown or replaced when needed).
   absl::StatusOr<std::shared_ptr<HostBuffer>> LoadBuffer(size_t bytes);
   // A free save buffer of at least `bytes` (save_buffers_), or null when none is free and no

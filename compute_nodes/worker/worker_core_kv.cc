@@ -91,6 +91,7 @@ void WorkerCore::LoaderLoop() {
     }
     const int64_t from = seq->resident_blocks;
     seq->kv_len = (from + imported) * block_tokens_;
+    // (The loop publishes the imported blocks in CollectLoaded: the pool's bookkeeping is its.)
     // The fetched blocks are in the cache; the resident ones before them may not all be known
     // to be (then the later save starts at the first that is not).
     if (seq->saved_blocks == from) seq->saved_blocks = from + imported;
@@ -177,6 +178,7 @@ void WorkerCore::CollectLoaded() {
   }
   for (SeqPtr& seq : loaded) {
     seq->state = Sequence::State::kRunning;
+    PublishFullBlocks(*seq);  // the blocks it loaded, for prompts admitted from now on
     running_.push_back(std::move(seq));
   }
   std::sort(running_.begin(), running_.end(),
@@ -306,6 +308,7 @@ bool WorkerCore::SwapOutVictim(const SeqPtr& needing) {
   ReleaseSequencePages(*victim);
   victim->kv_len = 0;
   victim->saved_blocks = 0;
+  victim->published_blocks = 0;
   victim->state = Sequence::State::kSwapped;
   {
     std::lock_guard<std::mutex> lock(victim->done_mu);

@@ -176,6 +176,36 @@ TEST(ResidentBlocksTest, ForgottenBlocksAreNotHandedOutAgain) {
   EXPECT_TRUE(resident.TakeChanges().list.empty()) << "block 0's removal was noted once";
 }
 
+// A running sequence's filled blocks: resident and held by it; another table finds them; a block
+// already resident elsewhere stays private; the owner's release leaves them idle.
+TEST(ResidentBlocksTest, PublishedBlocksAreSharedWhileTheirSequenceRuns) {
+  runtime::HostKvPool pool(Layout(), 8);
+  ResidentBlocks resident(pool);
+  runtime::PageTable owner, twin;
+  ASSERT_TRUE(resident.EnsureCapacity(owner, 10).ok());  // 2 full blocks + 2 tokens
+  ASSERT_TRUE(resident.EnsureCapacity(twin, 4).ok());
+  resident.Publish(Keys(0, 1), 1, owner, 0);
+  resident.Publish(Keys(0, 2), 1, owner, 1);  // the next block filled
+  resident.Publish(Keys(0, 1), 0, twin, 0);   // the same block computed in another table
+  EXPECT_EQ(resident.resident_blocks(), 2);
+  EXPECT_EQ(resident.idle_blocks(), 0);
+  runtime::PageTable reader;
+  int64_t saved = 0;
+  ASSERT_EQ(resident.Acquire(Keys(0, 2), &reader, &saved), 2);
+  EXPECT_EQ(saved, 1);
+  EXPECT_EQ(reader.pages, std::vector<int32_t>(owner.pages.begin(), owner.pages.begin() + 2));
+  resident.Release(Keys(0, 2), 2, owner);  // held by the reader still
+  EXPECT_EQ(resident.idle_blocks(), 0);
+  EXPECT_EQ(pool.free_pages(), 5);        // the owner's partial page
+  resident.Release(Keys(0, 1), 0, twin);  // a duplicate: freed
+  resident.Release(Keys(0, 2), 2, reader);
+  EXPECT_EQ(resident.idle_blocks(), 2);
+  EXPECT_EQ(pool.free_pages(), 6);
+  ASSERT_EQ(resident.Acquire(Keys(0, 2), &reader, &saved), 2);
+  EXPECT_EQ(saved, 2) << "the owner's release marked both saved";
+  resident.Release(Keys(0, 2), 2, reader);
+}
+
 TEST(ResidentBlocksTest, TheChangeLogNamesParentsAndOverflowsIntoADigest) {
   runtime::HostKvPool pool(Layout(), 4);
   ResidentBlocks resident(pool);

@@ -365,11 +365,9 @@ TEST_P(WorkerClusterTest, ChatTurnTwoHitsTheAnswer) {
 // kept are forgotten there too, and the next request computes everything.
 TEST_P(WorkerClusterTest, AnOperatorsEvictionEmptiesTheWorkersPoolToo) {
   const std::string token_file = dir_ + "/admin-token";
-  {
-    std::ofstream(token_file) << "operator-token\n";
-  }
-  std::filesystem::permissions(token_file, std::filesystem::perms::owner_read |
-                                               std::filesystem::perms::owner_write);
+  { std::ofstream(token_file) << "operator-token\n"; }
+  std::filesystem::permissions(
+      token_file, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
   auto cache = StartCache(false, "cache", {"cluster.admin_token_file=" + token_file});
   auto w = StartWorker("both-0", "both", cache->grpc_address());
   auto stub = Stub(*w);

@@ -353,8 +353,7 @@ TEST_F(WorkerCoreTest, SharedPrefixesUnderPagePressureKeepOutputs) {
   }
   std::vector<Collector> out(prompts.size());
   for (size_t i = 0; i < prompts.size(); ++i) {
-    ASSERT_TRUE(
-        core_->Submit(Spec("p" + std::to_string(i), prompts[i], 90), out[i].Events()).ok());
+    ASSERT_TRUE(core_->Submit(Spec("p" + std::to_string(i), prompts[i], 90), out[i].Events()).ok());
   }
   int64_t from_pool = 0;
   for (size_t i = 0; i < prompts.size(); ++i) {
@@ -366,6 +365,34 @@ TEST_F(WorkerCoreTest, SharedPrefixesUnderPagePressureKeepOutputs) {
   EXPECT_GT(from_pool, 0);
   EXPECT_GT(core_->stats().swapped_out, 0) << "the pool should have been too small";
   ExpectNoPageHeld(14);
+}
+
+// A prompt admitted while another with the same prefix still runs shares the blocks that one has
+// filled so far (published as they fill), without waiting for it to end.
+TEST_F(WorkerCoreTest, ARunningSequenceSharesItsFilledBlocks) {
+  Make(16, {.token_budget = 64});
+  const std::vector<int32_t> prompt = Prompt(300, 90);  // 4 full blocks
+  Collector a;
+  ASSERT_TRUE(core_->Submit(Spec("long", prompt, 400), a.Events()).ok());
+  for (int i = 0; i < 4000 && a.TokenCount() < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_GE(a.TokenCount(), 2u) << "the first request should be decoding by now";
+  EXPECT_EQ(core_->resident().resident_blocks(), 4);
+  EXPECT_EQ(core_->resident().idle_blocks(), 0) << "held by the running sequence";
+  std::vector<int32_t> other = prompt;
+  const std::vector<int32_t> tail = Prompt(10, 91);
+  other.insert(other.end(), tail.begin(), tail.end());
+  Collector b;
+  ASSERT_TRUE(core_->Submit(Spec("while-running", other, 12), b.Events()).ok());
+  const RequestOutcome ob = b.Wait();
+  ASSERT_TRUE(ob.status.ok()) << ob.status;
+  EXPECT_EQ(ob.cached.gpu, 256);
+  EXPECT_EQ(b.tokens, Reference(other, 12));
+  EXPECT_FALSE(a.done.has_value()) << "the first request should still be running";
+  core_->Cancel("long");
+  a.Wait();
+  ExpectNoPageHeld(16);
 }
 
 }  // namespace
