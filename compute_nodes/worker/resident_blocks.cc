@@ -117,7 +117,7 @@ void ResidentBlocks::Discard(runtime::PageTable& table) {
       pool_.Free(page);
       continue;
     }
-    // A shared block: only the reference goes (its KV was complete before this sequence).
+    // A resident block: only the reference goes (its KV was complete before the failure).
     Block& b = blocks_.at(held->second);
     if (--b.refs == 0) LetGoLocked(held->second);
   }

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <vector>
 
 #include "spdlog/spdlog.h"
 
@@ -44,14 +45,18 @@ void AppendChanges(const ResidentBlocks::Changes& changes, const std::string& so
   }
 }
 
-// Every resident key as digest pages of the GPU tier (at least one page, so that an empty pool
-// clears what the scheduler believed), stamped with the current sequence.
-void AppendDigest(const std::vector<BlockKey>& keys, const std::string& source, uint64_t sequence,
-                  uint64_t digest_id, size_t page_keys, v1::KvEventBatch* batch) {
+// Every resident key as digest pages of the GPU tier, one batch each (a pool of 10^5 blocks is
+// megabytes of keys: one message each page keeps them under gRPC's size limit); at least one
+// page, so that an empty pool clears what the scheduler believed. Stamped with the current
+// sequence.
+std::vector<v1::KvEventBatch> DigestBatches(const std::vector<BlockKey>& keys,
+                                            const std::string& source, uint64_t sequence,
+                                            uint64_t digest_id, size_t page_keys) {
+  std::vector<v1::KvEventBatch> batches;
   size_t i = 0;
   uint32_t page = 0;
   do {
-    v1::KvEvent* ev = batch->add_events();
+    v1::KvEvent* ev = batches.emplace_back().add_events();
     *ev = NewEvent(source, sequence);
     v1::KvEvent::Digest* d = ev->mutable_digest();
     d->set_digest_id(digest_id);
@@ -62,6 +67,7 @@ void AppendDigest(const std::vector<BlockKey>& keys, const std::string& source, 
     }
     d->set_last_page(i >= keys.size());
   } while (i < keys.size());
+  return batches;
 }
 
 }  // namespace
@@ -199,15 +205,17 @@ void SchedulerLink::PublishLoop() {
       writer = stub->PublishKvEvents(ctx.get(), &response);
       digest = true;
     }
-    v1::KvEventBatch batch;
+    std::vector<v1::KvEventBatch> batches;
     if (digest) {
-      AppendDigest(options_.resident->Keys(), node_id, sequence, ++digest_id,
-                   std::max<size_t>(options_.digest_page_keys, 1), &batch);
+      batches = DigestBatches(options_.resident->Keys(), node_id, sequence, ++digest_id,
+                              std::max<size_t>(options_.digest_page_keys, 1));
     } else {
-      AppendChanges(changes, node_id, &sequence, &batch);
+      AppendChanges(changes, node_id, &sequence, &batches.emplace_back());
+      if (batches.back().events_size() == 0) continue;
     }
-    if (batch.events_size() == 0) continue;
-    if (!writer->Write(batch)) {
+    const bool written = std::all_of(batches.begin(), batches.end(),
+                                     [&](const v1::KvEventBatch& b) { return writer->Write(b); });
+    if (!written) {
       close();  // re-opened (with a digest) at the next interval
       continue;
     }
