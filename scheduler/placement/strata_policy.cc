@@ -84,32 +84,50 @@ absl::StatusOr<Placement> StrataPolicy::Place(const PlacementRequest& request,
   }
   if (!have_best) return absl::UnavailableError("no live, undrained prefill node");
 
-  // Decode: smallest predicted TBT among nodes with room for the whole sequence.
+  // Decode: smallest predicted TBT among nodes with room for the whole sequence; then, within
+  // the slack of that TBT, the node whose own pool holds most of the prompt's prefix.
   const uint64_t sequence_tokens = request.prompt_tokens + request.max_output_tokens;
-  NodeIndex decode = kNoNode;
-  double decode_tbt = 0;
-  bool decode_fits = false;
+  struct DecodeCandidate {
+    NodeIndex node = kNoNode;
+    double tbt = 0;
+    bool fits = false;
+    uint32_t resident = 0;  // leading blocks of the prompt in the node's GPU tier
+  };
+  std::vector<DecodeCandidate> candidates;
   for (const NodeView& node : context.nodes) {
     if (!node.CanDecode()) continue;
+    DecodeCandidate c{.node = node.index};
     const double batch =
         double(std::max<uint64_t>(node.outstanding.decode_requests, node.load.decode_batch_size));
     const double context_tokens =
         double(std::max<uint64_t>(node.outstanding.decode_tokens, node.load.running_tokens));
-    const double tbt =
-        models.decode.StepSeconds(batch + 1, context_tokens + double(request.prompt_tokens) +
-                                                 request.max_output_tokens / 2.0);
-    bool fits = tbt <= context.objectives.tbt_s;
+    c.tbt = models.decode.StepSeconds(batch + 1, context_tokens + double(request.prompt_tokens) +
+                                                     request.max_output_tokens / 2.0);
+    c.fits = c.tbt <= context.objectives.tbt_s;
     if (node.load.total_kv_pages > 0) {
       const uint64_t pages_needed = (sequence_tokens + node.page_tokens - 1) / node.page_tokens;
-      fits = fits && node.load.free_kv_pages >= pages_needed;
+      c.fits = c.fits && node.load.free_kv_pages >= pages_needed;
     }
-    if (decode == kNoNode || (fits && !decode_fits) || (fits == decode_fits && tbt < decode_tbt)) {
-      decode = node.index;
-      decode_tbt = tbt;
-      decode_fits = fits;
+    c.resident = context.match->For(node.index).tiers[static_cast<int>(CacheTier::kGpu)];
+    candidates.push_back(c);
+  }
+  if (candidates.empty()) return absl::UnavailableError("no live, undrained decode node");
+  const DecodeCandidate* fastest = &candidates[0];
+  for (const DecodeCandidate& c : candidates) {
+    if ((c.fits && !fastest->fits) || (c.fits == fastest->fits && c.tbt < fastest->tbt)) {
+      fastest = &c;
     }
   }
-  if (decode == kNoNode) return absl::UnavailableError("no live, undrained decode node");
+  const DecodeCandidate* chosen = fastest;
+  for (const DecodeCandidate& c : candidates) {
+    if (c.fits == fastest->fits && c.resident > chosen->resident &&
+        c.tbt <= fastest->tbt * (1 + options_.decode_tbt_slack)) {
+      chosen = &c;
+    }
+  }
+  const NodeIndex decode = chosen->node;
+  const double decode_tbt = chosen->tbt;
+  const bool decode_fits = chosen->fits;
   best.decode = decode;
   best.predicted_tbt_s = decode_tbt;
 

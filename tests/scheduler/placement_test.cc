@@ -216,6 +216,27 @@ TEST(PlacementTest, StrataPicksDecodeByTbtHeadroomAndFreePages) {
   EXPECT_TRUE(policy.Place(f.request, f.Ready())->rejected);
 }
 
+// Two decode nodes about as fast: the one whose own pool (GPU tier) holds the prompt's prefix
+// gets it, unless that costs more than the TBT slack.
+TEST(PlacementTest, StrataSendsDecodeWhereThePromptIsResident) {
+  Fixture f(1, 2);
+  f.index.Stored(1, CacheTier::kDram, f.keys);
+  f.index.Stored(2, CacheTier::kDram, f.keys);
+  f.index.Stored(2, CacheTier::kGpu, std::span<const BlockKey>(f.keys.data(), 20));
+  f.nodes[2].outstanding.decode_requests = 1;  // a little busier than node 1
+  f.nodes[2].outstanding.decode_tokens = 1000;
+  StrataPolicy policy;
+  auto placement = policy.Place(f.request, f.Ready());
+  ASSERT_TRUE(placement.ok());
+  EXPECT_EQ(placement->decode, 2u);
+  // Much busier: the faster node wins despite the resident prefix.
+  f.nodes[2].outstanding.decode_requests = 100;
+  f.nodes[2].outstanding.decode_tokens = 20'000'000;
+  placement = policy.Place(f.request, f.Ready());
+  ASSERT_TRUE(placement.ok());
+  EXPECT_EQ(placement->decode, 1u);
+}
+
 // A request's KV bytes per token (its model's layers, its cache codec) price its block loads.
 TEST(SchedulerTest, BlockLoadsArePricedByTheRequestsKvSize) {
   SchedulerOptions options;
