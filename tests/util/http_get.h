@@ -1,5 +1,5 @@
 // A minimal HTTP/1.1 GET against 127.0.0.1 for tests (a daemon's /metrics or /healthz), without a
-// curl dependency. Header-only; include as "tests/util/http_get.h".
+// curl dependency, and a reader of one metric. Header-only; include as "tests/util/http_get.h".
 #pragma once
 
 #include <arpa/inet.h>
@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <sstream>
 #include <string>
 
 namespace strata::testing_util {
@@ -32,6 +33,20 @@ inline std::string HttpGet(int port, const std::string& path) {
   }
   close(fd);
   return response;
+}
+
+// A metric of a daemon's /metrics, summed over the series whose labels contain `labels`.
+inline double MetricSum(int port, const std::string& name, const std::string& labels = "") {
+  double sum = 0;
+  std::istringstream in(HttpGet(port, "/metrics"));
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(name, 0) != 0 || line.find(labels) == std::string::npos) continue;
+    const char next = line[name.size()];
+    if (next != '{' && next != ' ') continue;
+    sum += std::stod(line.substr(line.rfind(' ') + 1));
+  }
+  return sum;
 }
 
 }  // namespace strata::testing_util

@@ -205,16 +205,7 @@ class WorkerClusterTest : public testing::TestWithParam<std::string> {
   // A metric of a worker's /metrics, summed over the series whose labels contain `labels`.
   static double Metric(const ChildProcess& p, const std::string& name,
                        const std::string& labels = "") {
-    double sum = 0;
-    std::istringstream in(testing_util::HttpGet(p.http_port(), "/metrics"));
-    std::string line;
-    while (std::getline(in, line)) {
-      if (line.rfind(name, 0) != 0 || line.find(labels) == std::string::npos) continue;
-      const char next = line[name.size()];
-      if (next != '{' && next != ' ') continue;
-      sum += std::stod(line.substr(line.rfind(' ') + 1));
-    }
-    return sum;
+    return testing_util::MetricSum(p.http_port(), name, labels);
   }
 
   std::string preset_;
