@@ -34,7 +34,8 @@ void Check(const grpc::Status& st, const std::string& what) {
 }
 
 std::string Cached(const v1::CachedTokens& c) {
-  return fmt::format("{} (dram {}, ssd {}, remote {})", c.total(), c.dram(), c.ssd(), c.remote());
+  return fmt::format("{} (worker pool {}, dram {}, ssd {}, remote {})", c.total(), c.gpu(),
+                     c.dram(), c.ssd(), c.remote());
 }
 
 // Prints the stream's text (or ids when the worker has no tokenizer); returns the last chunk.

@@ -68,6 +68,26 @@ if [ -n "$port" ]; then
   # The token line only (the second line carries timings).
   [ "$(head -1 $OUT/gen_worker_sampled1.txt)" = "$(head -1 $OUT/gen_worker_sampled2.txt)" ] \
     && echo "sampled runs equal" || echo "sampled runs DIFFER"
+  # Resident blocks: a 200-token prompt, then the same again (its 3 full blocks come from the
+  # worker's own pool), then twice at once (both sequences share those pages in one batch).
+  res=$(python3 -c "print(','.join(str((i * 53) % 7000 + 9) for i in range(200)))")
+  for k in 1 2; do
+    timeout 60 ./strata generate --model $m --prompt-ids $res --max-tokens 16 \
+      --worker 127.0.0.1:$port > $OUT/gen_resident$k.txt 2>&1
+  done
+  timeout 60 ./strata generate --model $m --prompt-ids $res --max-tokens 16 \
+    --worker 127.0.0.1:$port > $OUT/gen_resident3.txt 2>&1 &
+  g3=$!
+  timeout 60 ./strata generate --model $m --prompt-ids $res --max-tokens 16 \
+    --worker 127.0.0.1:$port > $OUT/gen_resident4.txt 2>&1 &
+  g4=$!
+  wait $g3 $g4
+  for k in 2 3 4; do
+    [ "$(head -1 $OUT/gen_resident1.txt)" = "$(head -1 $OUT/gen_resident$k.txt)" ] \
+      && echo "resident run $k equal" || echo "resident run $k DIFFERS"
+  done
+  hport=$(sed -n 's/.*http=\([0-9]*\).*/\1/p' /tmp/gpu-suite-ready 2>/dev/null)
+  python3 -c "import urllib.request; print([l for l in urllib.request.urlopen('http://127.0.0.1:$hport/metrics').read().decode().splitlines() if 'source=\"resident\"' in l or l.startswith('strata_worker_resident_blocks')])" 2>&1
 fi
 kill $wpid 2>/dev/null; wait $wpid 2>/dev/null
 # A cuda worker with a cache server on this host (shm): the same long prompt three times; the
@@ -82,8 +102,10 @@ cdir=/tmp/gpu-suite-cache; rm -rf $cdir /tmp/gpu-suite-cache-ready /tmp/gpu-suit
 cpid=$!
 for i in $(seq 1 30); do [ -s /tmp/gpu-suite-cache-ready ] && break; sleep 0.5; done
 cport=$(sed -n 's/.*grpc=\([0-9]*\).*/\1/p' /tmp/gpu-suite-cache-ready 2>/dev/null)
+# (Resident blocks off: the repeats must come from the cache server, not the worker's own pool.)
 ./strata worker --model $m --set worker.backend=cuda --set worker.listen=127.0.0.1:0 \
   --set worker.http_listen=127.0.0.1:0 --set worker.cache_address=127.0.0.1:$cport \
+  --set worker.resident_blocks=false \
   --ready-file /tmp/gpu-suite-ready2 > $OUT/worker_cache.log 2>&1 &
 w2=$!
 for i in $(seq 1 60); do [ -s /tmp/gpu-suite-ready2 ] && break; sleep 1; done

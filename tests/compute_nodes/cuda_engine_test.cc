@@ -330,6 +330,55 @@ TEST_P(CudaEngineTest, CachedPrefixImport) {
                    .ok());
 }
 
+// Resident blocks (compute_nodes/worker/resident_blocks.h) share a full page between sequences:
+// a second sequence whose table starts with the first one's page, prefilled from there and then
+// decoded in one batch with the first, gives bit for bit what it gives reading a private copy of
+// that page, and the shared page is never written.
+TEST_P(CudaEngineTest, SequencesSharingAPageMatchAPrivateCopy) {
+  Engines e = Open(GetParam());
+  ASSERT_NE(e.gpu, nullptr);
+  runtime::KvPool& pool = e.gpu->kv_pool();
+  const int64_t vocab = e.cpu->config().vocab_size;
+  const std::vector<int32_t> a_ids = Ids(64 + 20, 11), tail = Ids(30, 12);
+  PageTable a, shared, copy;
+  ASSERT_TRUE(runtime::EnsureCapacity(pool, a, 64 + 20 + 4).ok());
+  ASSERT_TRUE(Fwd(*e.gpu, {SequenceInput{a_ids, 0, &a, false, AttentionForm::kMha}}).ok());
+  std::vector<uint8_t> block;
+  ASSERT_TRUE(pool.ExportPage(a.pages[0], runtime::PayloadDtype::kBf16, &block).ok());
+  shared.pages.push_back(a.pages[0]);
+  ASSERT_TRUE(runtime::EnsureCapacity(pool, shared, 64 + 30 + 4).ok());
+  ASSERT_TRUE(runtime::EnsureCapacity(pool, copy, 64 + 30 + 4).ok());
+  ASSERT_TRUE(pool.ImportPage(copy.pages[0], runtime::PayloadDtype::kBf16, block).ok());
+  auto ps = Fwd(*e.gpu, {SequenceInput{tail, 64, &shared, false, AttentionForm::kMha}});
+  auto pc = Fwd(*e.gpu, {SequenceInput{tail, 64, &copy, false, AttentionForm::kMha}});
+  ASSERT_TRUE(ps.ok() && pc.ok());
+  EXPECT_EQ(ps->at(0).logits, pc->at(0).logits);
+  // Decode steps of {a, shared} and of {a, copy}: the same batch shape and kernels, so the
+  // same bits (a's new rows are written twice with equal values).
+  int32_t ta = Argmax(ps->at(0).logits.data(), vocab), tb = ta;
+  for (int step = 0; step < 3; ++step) {
+    auto with_shared =
+        Fwd(*e.gpu, {SequenceInput{{&ta, 1}, 84 + step, &a, false, AttentionForm::kAbsorbed},
+                     SequenceInput{{&tb, 1}, 94 + step, &shared, false, AttentionForm::kAbsorbed}});
+    auto with_copy =
+        Fwd(*e.gpu, {SequenceInput{{&ta, 1}, 84 + step, &a, false, AttentionForm::kAbsorbed},
+                     SequenceInput{{&tb, 1}, 94 + step, &copy, false, AttentionForm::kAbsorbed}});
+    ASSERT_TRUE(with_shared.ok()) << with_shared.status();
+    ASSERT_TRUE(with_copy.ok()) << with_copy.status();
+    EXPECT_EQ(with_shared->at(0).logits, with_copy->at(0).logits) << "step " << step;
+    EXPECT_EQ(with_shared->at(1).logits, with_copy->at(1).logits) << "step " << step;
+    ta = Argmax(with_shared->at(0).logits.data(), vocab);
+    tb = Argmax(with_shared->at(1).logits.data(), vocab);
+  }
+  std::vector<uint8_t> after;
+  ASSERT_TRUE(pool.ExportPage(a.pages[0], runtime::PayloadDtype::kBf16, &after).ok());
+  EXPECT_EQ(after, block) << "the shared page was written";
+  shared.pages.erase(shared.pages.begin());  // a's page is freed once, with a
+  runtime::ReleasePages(pool, shared);
+  runtime::ReleasePages(pool, copy);
+  runtime::ReleasePages(pool, a);
+}
+
 // Batched decode steps of three sequences (contexts 70, 33, 5) replayed from one CUDA graph give
 // the same logits, bit for bit, as the same steps run eagerly (graphs off); and the MoE path for
 // larger token counts (routing on the host, one cuBLAS GEMM per expert) agrees with the device
