@@ -290,7 +290,11 @@ void WorkerCore::AdmitLocked(std::vector<SeqPtr>* ready) {
     if (options_.max_fetch_blocks > 0) {
       fetchable = std::min(fetchable, resident + options_.max_fetch_blocks);
     }
-    if (fetchable > resident && has_cache) {
+    const bool fetch = fetchable > resident && has_cache;
+    if (queue == &swapped_ && !fetch && resident < reusable) {
+      ++stats_.recomputed_swaps;  // no cache to bring the rest back (the loader counts its own)
+    }
+    if (fetch) {
       seq->fetch_blocks = fetchable;
       seq->state = Sequence::State::kLoading;
       ++loading_count_;

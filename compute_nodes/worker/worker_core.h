@@ -79,8 +79,10 @@ struct WorkerStats {
   int64_t generated_tokens = 0;
   int64_t swapped_out = 0;
   int64_t swapped_in = 0;
-  int64_t recomputed_swaps = 0;  // swaps done by recomputation (no cache, or blocks lost)
-  int64_t fetch_failures = 0;    // fetches that ended before the cache's hit count
+  // Swap-ins that recomputed some of their full blocks (no cache server, or blocks lost there
+  // and no longer resident in the pool).
+  int64_t recomputed_swaps = 0;
+  int64_t fetch_failures = 0;  // fetches that ended before the cache's hit count
   int64_t blocks_saved = 0;
   int64_t resident_tokens = 0;  // prompt tokens found in the KV pool itself (ResidentBlocks)
 };

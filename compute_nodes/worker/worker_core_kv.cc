@@ -320,7 +320,6 @@ bool WorkerCore::SwapOutVictim(const SeqPtr& needing) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     ++stats_.swapped_out;
-    if (!to_cache) ++stats_.recomputed_swaps;
     auto pos = std::find_if(swapped_.begin(), swapped_.end(),
                             [&](const SeqPtr& s) { return s->serial > victim->serial; });
     swapped_.insert(pos, victim);

@@ -126,26 +126,36 @@ TEST_F(WorkerCoreTest, ContinuousBatchingEqualsOneAtATime) {
 }
 
 TEST_F(WorkerCoreTest, SwapWithoutACacheRecomputesAndKeepsOutputs) {
-  // 6 pages; three sequences of 100 + 120 tokens need 12.
-  Make(6);
-  std::vector<Collector> out(3);
-  for (int i = 0; i < 3; ++i) {
-    ASSERT_TRUE(
-        core_->Submit(Spec("s" + std::to_string(i), Prompt(100, 40 + i), 120), out[i].Events())
-            .ok());
+  // 6 pages; three sequences of 100 + 120 tokens need 12. With resident blocks a swapped-out
+  // sequence may find some of its blocks still in the pool when it comes back; without them
+  // every swap-in recomputes.
+  for (const bool resident : {false, true}) {
+    SCOPED_TRACE(resident ? "resident blocks on" : "resident blocks off");
+    Make(6, {.resident_blocks = resident});
+    std::vector<Collector> out(3);
+    for (int i = 0; i < 3; ++i) {
+      ASSERT_TRUE(
+          core_->Submit(Spec("s" + std::to_string(i), Prompt(100, 40 + i), 120), out[i].Events())
+              .ok());
+    }
+    for (int i = 0; i < 3; ++i) {
+      const RequestOutcome o = out[i].Wait();
+      EXPECT_TRUE(o.status.ok()) << o.status;
+      EXPECT_EQ(out[i].tokens, Reference(Prompt(100, 40 + i), 120)) << i;
+    }
+    const WorkerStats stats = core_->stats();
+    EXPECT_GT(stats.swapped_out, 0);
+    EXPECT_EQ(stats.swapped_in, stats.swapped_out);
+    if (resident) {
+      EXPECT_LE(stats.recomputed_swaps, stats.swapped_in);
+    } else {
+      EXPECT_EQ(stats.recomputed_swaps, stats.swapped_in);
+      EXPECT_EQ(stats.resident_tokens, 0);
+    }
+    ExpectNoPageHeld(6);
+    core_->Stop();  // which lets the idle blocks go
+    EXPECT_EQ(engine_->kv_pool().free_pages(), 6);
   }
-  for (int i = 0; i < 3; ++i) {
-    const RequestOutcome o = out[i].Wait();
-    EXPECT_TRUE(o.status.ok()) << o.status;
-    EXPECT_EQ(out[i].tokens, Reference(Prompt(100, 40 + i), 120)) << i;
-  }
-  const WorkerStats stats = core_->stats();
-  EXPECT_GT(stats.swapped_out, 0);
-  EXPECT_EQ(stats.swapped_in, stats.swapped_out);
-  EXPECT_EQ(stats.recomputed_swaps, stats.swapped_out);
-  ExpectNoPageHeld(6);
-  core_->Stop();  // which lets the idle blocks go
-  EXPECT_EQ(engine_->kv_pool().free_pages(), 6);
 }
 
 // A decode request continuing from a first token drawn elsewhere samples the same seeded stream
