@@ -99,7 +99,8 @@ absl::Status LaunchGreedySample(const GreedySampleParams& params, cudaStream_t s
   if (absl::Status st = ValidateGreedySampleParams(params); !st.ok()) return st;
   if (params.rows == 0) return absl::OkStatus();
   const absl::StatusOr<sampling_detail::RowClusters> c =
-      sampling_detail::PlanRowClusters("LaunchGreedySample: ", params.rows, params.vocab);
+      sampling_detail::PlanRowClusters("LaunchGreedySample: ", params.rows, params.vocab,
+                                       kThreads, GreedySampleKernel);
   if (!c.ok()) return c.status();
   return sampling_detail::LaunchRowClusters("LaunchGreedySample: ", *c, params.rows, kThreads,
                                             stream, GreedySampleKernel, params, c->per);

@@ -24,8 +24,12 @@ struct RowClusters {
 
 // As many blocks per row as fill the device's SMs with `rows` rows (up to kMaxRowCluster), none
 // with fewer than kMinRowSlice elements; one block a row when rows x kMaxRowCluster blocks would
-// not fit in one grid.
-inline absl::StatusOr<RowClusters> PlanRowClusters(const char* who, int rows, int vocab) {
+// not fit in one grid. Fewer when the device cannot hold a cluster of that many blocks of
+// `kernel` at once (a MIG slice, where a cluster must fit in the slice's share of a GPC): halved
+// until it can, down to one block a row.
+template <typename... Params>
+absl::StatusOr<RowClusters> PlanRowClusters(const char* who, int rows, int vocab, int threads,
+                                            void (*kernel)(Params...)) {
   int device = 0, sms = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err == cudaSuccess)
@@ -35,6 +39,26 @@ inline absl::StatusOr<RowClusters> PlanRowClusters(const char* who, int rows, in
   c.blocks = std::min({kMaxRowCluster, std::max(1, sms / std::max(1, rows)),
                        std::max(1, (vocab + kMinRowSlice - 1) / kMinRowSlice)});
   if (rows > 0x7fffffff / kMaxRowCluster) c.blocks = 1;
+  while (c.blocks > 1) {
+    cudaLaunchConfig_t config{};
+    config.gridDim = dim3(static_cast<unsigned>(c.blocks));
+    config.blockDim = dim3(static_cast<unsigned>(threads));
+    cudaLaunchAttribute cluster{};
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim.x = static_cast<unsigned>(c.blocks);
+    cluster.val.clusterDim.y = 1;
+    cluster.val.clusterDim.z = 1;
+    config.attrs = &cluster;
+    config.numAttrs = 1;
+    int clusters = 0;
+    err = cudaOccupancyMaxActiveClusters(&clusters, reinterpret_cast<const void*>(kernel), &config);
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();  // the query is advice: keep the plan, the launch will tell
+      break;
+    }
+    if (clusters > 0) break;
+    c.blocks /= 2;
+  }
   c.per = ((vocab + c.blocks - 1) / c.blocks + 3) / 4 * 4;
   return c;
 }

@@ -376,7 +376,8 @@ absl::Status LaunchSample(const SampleParams& p, cudaStream_t stream) {
   if (absl::Status st = ValidateSampleParams(p); !st.ok()) return st;
   if (p.rows == 0) return absl::OkStatus();
   const absl::StatusOr<sampling_detail::RowClusters> c =
-      sampling_detail::PlanRowClusters("LaunchSample: ", p.rows, p.vocab);
+      sampling_detail::PlanRowClusters("LaunchSample: ", p.rows, p.vocab, kThreads,
+                                       SampleKernel);
   if (!c.ok()) return c.status();
   return sampling_detail::LaunchRowClusters("LaunchSample: ", *c, p.rows, kThreads, stream,
                                             SampleKernel, p, c->per);
