@@ -22,6 +22,24 @@ struct RowClusters {
   int per = 0;     // elements of each block's slice
 };
 
+// A launch of `grid` blocks of `threads` in clusters of `blocks` (`attr` holds the cluster
+// dimension and must outlive the config).
+inline cudaLaunchConfig_t ClusterLaunch(unsigned grid, int threads, int blocks, cudaStream_t stream,
+                                        cudaLaunchAttribute* attr) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(grid);
+  config.blockDim = dim3(static_cast<unsigned>(threads));
+  config.stream = stream;
+  *attr = cudaLaunchAttribute{};
+  attr->id = cudaLaunchAttributeClusterDimension;
+  attr->val.clusterDim.x = static_cast<unsigned>(blocks);
+  attr->val.clusterDim.y = 1;
+  attr->val.clusterDim.z = 1;
+  config.attrs = attr;
+  config.numAttrs = 1;
+  return config;
+}
+
 // As many blocks per row as fill the device's SMs with `rows` rows (up to kMaxRowCluster), none
 // with fewer than kMinRowSlice elements; one block a row when rows x kMaxRowCluster blocks would
 // not fit in one grid. Fewer when the device cannot hold a cluster of that many blocks of
@@ -39,17 +57,14 @@ absl::StatusOr<RowClusters> PlanRowClusters(const char* who, int rows, int vocab
   c.blocks = std::min({kMaxRowCluster, std::max(1, sms / std::max(1, rows)),
                        std::max(1, (vocab + kMinRowSlice - 1) / kMinRowSlice)});
   if (rows > 0x7fffffff / kMaxRowCluster) c.blocks = 1;
+  // The query is no stream work; relaxed, so that it cannot invalidate a graph being captured
+  // on this thread (the decode steps' graphs launch these kernels).
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  cudaThreadExchangeStreamCaptureMode(&mode);
   while (c.blocks > 1) {
-    cudaLaunchConfig_t config{};
-    config.gridDim = dim3(static_cast<unsigned>(c.blocks));
-    config.blockDim = dim3(static_cast<unsigned>(threads));
-    cudaLaunchAttribute cluster{};
-    cluster.id = cudaLaunchAttributeClusterDimension;
-    cluster.val.clusterDim.x = static_cast<unsigned>(c.blocks);
-    cluster.val.clusterDim.y = 1;
-    cluster.val.clusterDim.z = 1;
-    config.attrs = &cluster;
-    config.numAttrs = 1;
+    cudaLaunchAttribute cluster;
+    const cudaLaunchConfig_t config =
+        ClusterLaunch(static_cast<unsigned>(c.blocks), threads, c.blocks, nullptr, &cluster);
     int clusters = 0;
     err = cudaOccupancyMaxActiveClusters(&clusters, reinterpret_cast<const void*>(kernel), &config);
     if (err != cudaSuccess) {
@@ -59,6 +74,7 @@ absl::StatusOr<RowClusters> PlanRowClusters(const char* who, int rows, int vocab
     if (clusters > 0) break;
     c.blocks /= 2;
   }
+  cudaThreadExchangeStreamCaptureMode(&mode);
   c.per = ((vocab + c.blocks - 1) / c.blocks + 3) / 4 * 4;
   return c;
 }
@@ -67,17 +83,10 @@ absl::StatusOr<RowClusters> PlanRowClusters(const char* who, int rows, int vocab
 template <typename... Params, typename... Args>
 absl::Status LaunchRowClusters(const char* who, const RowClusters& c, int rows, int threads,
                                cudaStream_t stream, void (*kernel)(Params...), Args... args) {
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(static_cast<unsigned>(rows) * static_cast<unsigned>(c.blocks));
-  config.blockDim = dim3(threads);
-  config.stream = stream;
-  cudaLaunchAttribute cluster{};
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = c.blocks;
-  cluster.val.clusterDim.y = 1;
-  cluster.val.clusterDim.z = 1;
-  config.attrs = &cluster;
-  config.numAttrs = 1;
+  cudaLaunchAttribute cluster;
+  const cudaLaunchConfig_t config =
+      ClusterLaunch(static_cast<unsigned>(rows) * static_cast<unsigned>(c.blocks), threads,
+                    c.blocks, stream, &cluster);
   cudaError_t err = cudaLaunchKernelEx(&config, kernel, args...);
   if (err == cudaSuccess) err = cudaGetLastError();
   if (err != cudaSuccess) return absl::InternalError(std::string(who) + cudaGetErrorString(err));
