@@ -27,10 +27,7 @@ int64_t ResidentBlocks::Acquire(std::span<const BlockKey> keys, runtime::PageTab
     auto it = blocks_.find(key);
     if (it == blocks_.end() || it->second.forgotten) break;
     Block& b = it->second;
-    if (b.refs++ == 0) {
-      idle_.erase(b.idle);
-      --idle_count_;
-    }
+    if (b.refs++ == 0) idle_.erase(b.idle);
     table->pages.push_back(b.page);
     saved_run = saved_run && b.saved;
     if (saved_run) ++*saved;
@@ -42,7 +39,7 @@ int64_t ResidentBlocks::Acquire(std::span<const BlockKey> keys, runtime::PageTab
 
 int64_t ResidentBlocks::available_pages() const {
   absl::MutexLock lock(&mu_);
-  return pool_.free_pages() + idle_count_;
+  return pool_.free_pages() + static_cast<int64_t>(idle_.size());
 }
 
 absl::Status ResidentBlocks::EnsureCapacity(runtime::PageTable& table, int64_t tokens) {
@@ -51,9 +48,10 @@ absl::Status ResidentBlocks::EnsureCapacity(runtime::PageTable& table, int64_t t
   if (need <= 0) return absl::OkStatus();
   {
     absl::MutexLock lock(&mu_);
-    if (need > pool_.free_pages() + idle_count_) {
+    const int64_t idle = static_cast<int64_t>(idle_.size());
+    if (need > pool_.free_pages() + idle) {
       return absl::ResourceExhaustedError(StrCat("KV pool: ", need, " pages needed, ",
-                                                 pool_.free_pages(), " free and ", idle_count_,
+                                                 pool_.free_pages(), " free and ", idle,
                                                  " held by idle cached blocks"));
     }
     while (pool_.free_pages() < need) ReclaimOneLocked();
@@ -102,7 +100,6 @@ void ResidentBlocks::Release(std::span<const BlockKey> keys, int64_t saved,
     b.page = page;
     b.saved = static_cast<int64_t>(i) < saved;
     b.idle = idle_.insert(idle_.end(), keys[i]);
-    ++idle_count_;
     by_page_[page] = keys[i];
     NoteLocked({.key = keys[i], .parent = b.parent, .added = true});
   }
@@ -126,8 +123,8 @@ void ResidentBlocks::Discard(runtime::PageTable& table) {
 
 int64_t ResidentBlocks::DropIdle() {
   absl::MutexLock lock(&mu_);
-  const int64_t n = idle_count_;
-  while (idle_count_ > 0) ReclaimOneLocked();
+  const int64_t n = static_cast<int64_t>(idle_.size());
+  while (!idle_.empty()) ReclaimOneLocked();
   return n;
 }
 
@@ -145,7 +142,6 @@ int64_t ResidentBlocks::Forget(std::span<const BlockKey> keys) {
       continue;
     }
     idle_.erase(b.idle);
-    --idle_count_;
     EraseLocked(it);
   }
   return n;
@@ -160,7 +156,6 @@ void ResidentBlocks::LetGoLocked(BlockKey key) {
     return;
   }
   it->second.idle = idle_.insert(idle_.end(), key);
-  ++idle_count_;
 }
 
 void ResidentBlocks::EraseLocked(absl::flat_hash_map<BlockKey, Block>::iterator it) {
@@ -174,7 +169,6 @@ void ResidentBlocks::EraseLocked(absl::flat_hash_map<BlockKey, Block>::iterator 
 void ResidentBlocks::ReclaimOneLocked() {
   const BlockKey key = idle_.front();
   idle_.pop_front();
-  --idle_count_;
   EraseLocked(blocks_.find(key));
 }
 
@@ -195,7 +189,7 @@ int64_t ResidentBlocks::resident_blocks() const {
 
 int64_t ResidentBlocks::idle_blocks() const {
   absl::MutexLock lock(&mu_);
-  return idle_count_;
+  return static_cast<int64_t>(idle_.size());
 }
 
 int64_t ResidentBlocks::hit_blocks() const {

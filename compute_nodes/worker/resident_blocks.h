@@ -130,7 +130,6 @@ class ResidentBlocks {
   // Idle blocks, the next to reclaim first. A released chain enters tail first, so its head,
   // which every longer prompt with that prefix needs, is reclaimed last.
   std::list<BlockKey> idle_ ABSL_GUARDED_BY(mu_);
-  int64_t idle_count_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t hits_ ABSL_GUARDED_BY(mu_) = 0;
   Changes changes_ ABSL_GUARDED_BY(mu_);
 };
