@@ -83,6 +83,9 @@ class BlockStore {
   virtual absl::Status Release(uint64_t lease_id) = 0;
   // New expiry per lease (0 for an unknown or expired one).
   virtual std::vector<int64_t> KeepAlive(const std::vector<uint64_t>& lease_ids) = 0;
+  // Marks the held blocks among the keys used now (eviction recency only: no lease, no hit
+  // counted). InvalidArgument for a malformed key (nothing touched).
+  virtual absl::Status Touch(const v1::TouchRequest& req, v1::TouchResponse* resp) = 0;
   // Expires overdue leases now; returns how many expired.
   virtual size_t SweepLeases() = 0;
 

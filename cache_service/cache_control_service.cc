@@ -136,6 +136,12 @@ grpc::Status CacheControlService::Release(grpc::ServerContext*, const v1::Releas
   return ToGrpcStatus(store_.Release(req->lease_id()));
 }
 
+grpc::Status CacheControlService::Touch(grpc::ServerContext*, const v1::TouchRequest* req,
+                                        v1::TouchResponse* resp) {
+  Timer t(latency_.Labels({"touch"}));
+  return ToGrpcStatus(store_.Touch(*req, resp));
+}
+
 grpc::Status CacheControlService::KeepAlive(grpc::ServerContext*, const v1::KeepAliveRequest* req,
                                             v1::KeepAliveResponse* resp) {
   const std::vector<uint64_t> ids(req->lease_ids().begin(), req->lease_ids().end());

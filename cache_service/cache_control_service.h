@@ -44,6 +44,8 @@ class CacheControlService final : public v1::CacheControl::Service {
                        v1::ReleaseResponse* resp) override;
   grpc::Status KeepAlive(grpc::ServerContext* ctx, const v1::KeepAliveRequest* req,
                          v1::KeepAliveResponse* resp) override;
+  grpc::Status Touch(grpc::ServerContext* ctx, const v1::TouchRequest* req,
+                     v1::TouchResponse* resp) override;
   grpc::Status SubscribeEvents(grpc::ServerContext* ctx, const v1::SubscribeEventsRequest* req,
                                grpc::ServerWriter<v1::KvEventBatch>* writer) override;
 

@@ -465,6 +465,26 @@ std::vector<int64_t> StoreImpl::KeepAlive(const std::vector<uint64_t>& lease_ids
   return out;
 }
 
+absl::Status StoreImpl::Touch(const v1::TouchRequest& req, v1::TouchResponse* resp) {
+  std::vector<BlockKey> keys;
+  keys.reserve(req.keys_size());
+  for (const std::string& bytes : req.keys()) {
+    ASSIGN_OR_RETURN(BlockKey key, store_internal::ToKey(bytes));
+    keys.push_back(key);
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  const int64_t now = NowMs();
+  uint32_t touched = 0;
+  for (const BlockKey& key : keys) {
+    auto it = blocks_.find(key);
+    if (it == blocks_.end()) continue;
+    it->second.rec.last_access_ms = now;
+    ++touched;
+  }
+  resp->set_touched(touched);
+  return absl::OkStatus();
+}
+
 size_t StoreImpl::SweepLeases() {
   std::lock_guard<std::mutex> lock(mu_);
   const int64_t now = NowMs();

@@ -39,6 +39,7 @@ class StoreImpl final : public BlockStore {
   absl::Status Lookup(const v1::LookupRequest& req, v1::LookupResponse* resp) override;
   absl::Status Release(uint64_t lease_id) override;
   std::vector<int64_t> KeepAlive(const std::vector<uint64_t>& lease_ids) override;
+  absl::Status Touch(const v1::TouchRequest& req, v1::TouchResponse* resp) override;
   size_t SweepLeases() override;
 
   void GetStats(v1::GetStatsResponse* resp) override;

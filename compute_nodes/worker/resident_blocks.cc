@@ -29,6 +29,7 @@ int64_t ResidentBlocks::Acquire(std::span<const BlockKey> keys, runtime::PageTab
     Block& b = it->second;
     if (b.refs++ == 0) idle_.erase(b.idle);
     table->pages.push_back(b.page);
+    if (touched_.size() < kMaxChanges) touched_.insert(key);
     saved_run = saved_run && b.saved;
     if (saved_run) ++*saved;
   }
@@ -202,6 +203,13 @@ ResidentBlocks::Changes ResidentBlocks::TakeChanges() {
   Changes out = std::move(changes_);
   changes_ = Changes{};
   return out;
+}
+
+std::vector<BlockKey> ResidentBlocks::TakeTouched() {
+  absl::MutexLock lock(&mu_);
+  std::vector<BlockKey> keys(touched_.begin(), touched_.end());
+  touched_.clear();
+  return keys;
 }
 
 std::vector<BlockKey> ResidentBlocks::Keys() const {

@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "common/block_key.h"
@@ -102,6 +103,10 @@ class ResidentBlocks {
   Changes TakeChanges();
   // Every resident block's key (a digest for the scheduler).
   std::vector<BlockKey> Keys() const;
+  // The blocks handed out by Acquire since the last call (each once, at most kMaxChanges): hits
+  // the cache server never saw, to mark used there too (CacheControl.Touch), so it does not
+  // evict what the workers keep serving.
+  std::vector<BlockKey> TakeTouched();
 
  private:
   struct Block {
@@ -132,6 +137,7 @@ class ResidentBlocks {
   std::list<BlockKey> idle_ ABSL_GUARDED_BY(mu_);
   int64_t hits_ ABSL_GUARDED_BY(mu_) = 0;
   Changes changes_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_set<BlockKey> touched_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace strata::worker

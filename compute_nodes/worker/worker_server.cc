@@ -68,10 +68,13 @@ absl::Status WorkerServer::Start() {
   core_ = std::make_unique<WorkerCore>(*engine_, *caches_, options_.core);
   core_->Start();
   if (caches_->has_local() && options_.core.resident_blocks) {
-    // An operator's eviction on the cache server also empties this worker's pool of the blocks.
-    eviction_watcher_ = std::make_unique<EvictionWatcher>(
-        options_.cache_address, options_.node_id + "-evictions", &core_->resident());
-    eviction_watcher_->Start();
+    // Operators' evictions on the cache server reach this worker's pool; the pool's hits reach
+    // the server's LRU.
+    resident_sync_ = std::make_unique<ResidentSync>(
+        ResidentSyncOptions{.cache_address = options_.cache_address,
+                            .client_id = options_.node_id + "-resident"},
+        &core_->resident());
+    resident_sync_->Start();
   }
 
   KvFormat format;
@@ -142,7 +145,7 @@ void WorkerServer::Wait() {
 
 void WorkerServer::Shutdown() {
   if (scheduler_) scheduler_->Stop();
-  if (eviction_watcher_) eviction_watcher_->Stop();
+  if (resident_sync_) resident_sync_->Stop();
   // Requests in flight end (Unavailable) before the RPCs waiting on them are torn down.
   if (core_) core_->Stop();
   if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));

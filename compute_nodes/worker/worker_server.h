@@ -18,7 +18,7 @@
 #include "compute_nodes/runtime/engine.h"
 #include "compute_nodes/tokenizer/tokenizer.h"
 #include "compute_nodes/worker/cache_directory.h"
-#include "compute_nodes/worker/eviction_watcher.h"
+#include "compute_nodes/worker/resident_sync.h"
 #include "compute_nodes/worker/scheduler_link.h"
 #include "compute_nodes/worker/worker_core.h"
 #include "compute_nodes/worker/worker_service.h"
@@ -69,7 +69,7 @@ class WorkerServer {
   std::unique_ptr<tokenizer::Tokenizer> tokenizer_;
   std::unique_ptr<CacheDirectory> caches_;
   std::unique_ptr<WorkerCore> core_;
-  std::unique_ptr<EvictionWatcher> eviction_watcher_;  // with resident blocks and a cache server
+  std::unique_ptr<ResidentSync> resident_sync_;  // with resident blocks and a cache server
   std::unique_ptr<WorkerService> service_;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<HttpListener> http_;

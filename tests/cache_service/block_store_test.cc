@@ -232,6 +232,33 @@ TEST_F(BlockStoreTest, EvictionTakesTheLeastRecentlyUsedChainFromItsTail) {
   EXPECT_EQ(TierOf(Stats(*store), v1::TIER_DRAM).evictions(), 2u);
 }
 
+// A touch (a worker served the blocks from its own pool) makes them recent for eviction without
+// reading them or counting a hit.
+TEST_F(BlockStoreTest, TouchedBlocksAreEvictedLast) {
+  auto store = OpenStore(Options(8, 0, WritePolicy::kNever));
+  const auto a = Chain(ns_, 4, 30);
+  const auto b = Chain(ns_, 4, 31);
+  Put(*store, ns_, a, kBytes);
+  Tick();
+  Put(*store, ns_, b, kBytes);
+  Tick();
+  const uint64_t hits_before = TierOf(Stats(*store), v1::TIER_DRAM).hits();
+  v1::TouchRequest touch;
+  for (const BlockKey& k : a) touch.add_keys(std::string(k.View()));
+  touch.add_keys(std::string(16, '\x7f'));  // not held: ignored
+  v1::TouchResponse touched;
+  ASSERT_TRUE(store->Touch(touch, &touched).ok());
+  EXPECT_EQ(touched.touched(), 4u);
+  EXPECT_EQ(TierOf(Stats(*store), v1::TIER_DRAM).hits(), hits_before);
+  Tick();
+  EXPECT_EQ(Put(*store, ns_, Chain(ns_, 2, 32), kBytes).codes, std::vector<int>(2, kOk));
+  // Room came from b (now the least recent), not from a.
+  EXPECT_EQ(Get(*store, ns_, a, kBytes).hits, 4u);
+  EXPECT_EQ(Get(*store, ns_, b, kBytes).hits, 2u);
+  touch.add_keys("short");
+  EXPECT_TRUE(absl::IsInvalidArgument(store->Touch(touch, &touched)));
+}
+
 TEST_F(BlockStoreTest, OnEvictPolicyDemotesToSsdInsteadOfDropping) {
   auto store = OpenStore(Options(4, 16, WritePolicy::kOnEvict));
   const auto a = Chain(ns_, 4, 11);

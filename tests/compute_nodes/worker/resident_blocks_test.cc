@@ -49,6 +49,11 @@ TEST(ResidentBlocksTest, ReleasedBlocksAreFoundAgainAndShared) {
   EXPECT_EQ(b.pages, std::vector<int32_t>(pages.begin(), pages.begin() + 2));
   EXPECT_EQ(resident.Acquire(keys, &c, &saved), 3);
   EXPECT_EQ(saved, 2) << "the third block was not known to be saved";
+  // Every block handed out, once, for the cache server's LRU.
+  std::vector<BlockKey> touched = resident.TakeTouched();
+  std::sort(touched.begin(), touched.end());
+  EXPECT_EQ(touched, keys);
+  EXPECT_TRUE(resident.TakeTouched().empty());
   EXPECT_EQ(resident.idle_blocks(), 0);
   EXPECT_EQ(resident.available_pages(), 5);
   EXPECT_EQ(resident.hit_blocks(), 5);

@@ -352,9 +352,10 @@ TEST_P(WorkerClusterTest, ChatTurnTwoHitsTheAnswer) {
   EXPECT_EQ(s.tokens, Reference(turn2, 12));
 }
 
-// An operator's eviction on the cache server reaches the worker's own pool: the blocks the worker
-// kept are forgotten there too, and the next request computes everything.
-TEST_P(WorkerClusterTest, AnOperatorsEvictionEmptiesTheWorkersPoolToo) {
+// The worker's pool and its cache server stay in step: the hits the pool serves reach the
+// server's LRU, and an operator's eviction on the server reaches the pool (the blocks the worker
+// kept are forgotten there too, and the next request computes everything).
+TEST_P(WorkerClusterTest, PoolHitsTouchTheServerAndOperatorEvictionsEmptyThePool) {
   const std::string token_file = dir_ + "/admin-token";
   { std::ofstream(token_file) << "operator-token\n"; }
   std::filesystem::permissions(
@@ -365,12 +366,31 @@ TEST_P(WorkerClusterTest, AnOperatorsEvictionEmptiesTheWorkersPoolToo) {
   const auto prompt = Prompt(200, 61);
   const Stream first = Generate(*stub, prompt, 8);
   ASSERT_TRUE(first.status.ok()) << first.status.error_message();
+  const int64_t before_hit = std::chrono::duration_cast<std::chrono::milliseconds>(
+                                 std::chrono::system_clock::now().time_since_epoch())
+                                 .count();
   const Stream resident = Generate(*stub, prompt, 8);
   ASSERT_TRUE(resident.status.ok()) << resident.status.error_message();
   EXPECT_EQ(resident.last.usage().cached().gpu(), 192u);
 
   auto admin = v1::CacheAdmin::NewStub(
       grpc::CreateChannel(cache->grpc_address(), grpc::InsecureChannelCredentials()));
+  // The worker tells the server about the hits it served from its pool (CacheControl.Touch):
+  // the server's blocks count as used since then.
+  bool touched = false;
+  for (int i = 0; i < 100 && !touched; ++i) {
+    grpc::ClientContext lctx;
+    lctx.AddMetadata("authorization", "Bearer operator-token");
+    v1::ListBlocksRequest list;
+    v1::ListBlocksResponse blocks;
+    ASSERT_TRUE(admin->ListBlocks(&lctx, list, &blocks).ok());
+    touched = blocks.blocks_size() == 3;
+    for (const v1::BlockInfo& b : blocks.blocks()) {
+      touched = touched && b.last_access_unix_ms() >= before_hit;
+    }
+    if (!touched) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_TRUE(touched) << "the resident hits never reached the cache server's LRU";
   grpc::ClientContext ctx;
   ctx.AddMetadata("authorization", "Bearer operator-token");
   v1::EvictRequest req;
