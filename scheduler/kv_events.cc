@@ -36,36 +36,74 @@ absl::StatusOr<CacheTier> RequireTier(int proto_tier, std::string_view what) {
 }  // namespace
 
 absl::Status KvEventSink::Apply(NodeIndex node, const v1::KvEvent& event) {
+  // Parsed and checked first: a malformed event changes nothing.
   std::vector<BlockKey> keys;
+  std::optional<CacheTier> tier, to;  // to: a move's destination
   switch (event.event_case()) {
     case v1::KvEvent::kStored: {
       RETURN_IF_ERROR_WITH(ParseKeys(event.stored().keys(), keys), "stored event");
-      ASSIGN_OR_RETURN(CacheTier tier,
-                       RequireTier(static_cast<int>(event.stored().tier()), "stored event"));
-      NoteTier(node, event.source(), tier);
-      index_->Stored(node, tier, keys);
+      ASSIGN_OR_RETURN(tier, RequireTier(static_cast<int>(event.stored().tier()), "stored event"));
       break;
     }
     case v1::KvEvent::kMoved: {
       RETURN_IF_ERROR_WITH(ParseKeys(event.moved().keys(), keys), "moved event");
-      ASSIGN_OR_RETURN(CacheTier from,
+      ASSIGN_OR_RETURN(tier,
                        RequireTier(static_cast<int>(event.moved().from_tier()), "moved event"));
-      ASSIGN_OR_RETURN(CacheTier to,
-                       RequireTier(static_cast<int>(event.moved().to_tier()), "moved event"));
-      NoteTier(node, event.source(), from);
-      NoteTier(node, event.source(), to);
-      index_->Moved(node, from, to, keys);
+      ASSIGN_OR_RETURN(to, RequireTier(static_cast<int>(event.moved().to_tier()), "moved event"));
       break;
     }
     case v1::KvEvent::kEvicted: {
       RETURN_IF_ERROR_WITH(ParseKeys(event.evicted().keys(), keys), "evicted event");
-      // TIER_UNSPECIFIED means every tier.
-      std::optional<CacheTier> tier = TierFromProto(event.evicted().tier());
+      // TIER_UNSPECIFIED means every tier of the source.
+      tier = TierFromProto(event.evicted().tier());
       if (!tier.has_value() && event.evicted().tier() != v1::TIER_UNSPECIFIED) {
         return absl::InvalidArgumentError(
             StrCat("evicted event: unknown tier ", static_cast<int>(event.evicted().tier())));
       }
-      const uint32_t named = NoteTier(node, event.source(), tier);
+      break;
+    }
+    case v1::KvEvent::kQuarantined: {
+      google::protobuf::RepeatedPtrField<std::string> one;
+      *one.Add() = event.quarantined().key();
+      RETURN_IF_ERROR_WITH(ParseKeys(one, keys), "quarantined event");
+      break;
+    }
+    case v1::KvEvent::kDigest: {
+      RETURN_IF_ERROR_WITH(ParseKeys(event.digest().keys(), keys), "digest page");
+      ASSIGN_OR_RETURN(tier, RequireTier(static_cast<int>(event.digest().tier()), "digest page"));
+      break;
+    }
+    case v1::KvEvent::EVENT_NOT_SET:
+      return absl::InvalidArgumentError("KV event without a payload");
+  }
+
+  // The source's state, in one update: the tiers it has named and its sequence (a complete
+  // digest brings it back in sync).
+  uint32_t named = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    SourceState& s = sources_[{node, event.source()}];
+    for (const std::optional<CacheTier>& t : {tier, to}) {
+      if (t.has_value()) s.tiers |= 1u << static_cast<uint32_t>(*t);
+    }
+    named = s.tiers;
+    if (event.has_digest() && event.digest().last_page()) {
+      s.out_of_sync = false;
+    } else if (s.seen && event.sequence() != s.last_sequence + 1) {
+      s.out_of_sync = true;
+    }
+    s.seen = true;
+    s.last_sequence = event.sequence();
+  }
+
+  switch (event.event_case()) {
+    case v1::KvEvent::kStored:
+      index_->Stored(node, *tier, keys);
+      break;
+    case v1::KvEvent::kMoved:
+      index_->Moved(node, *tier, *to, keys);
+      break;
+    case v1::KvEvent::kEvicted:
       if (tier.has_value() || named == 0) {
         index_->Evicted(node, tier, keys);
       } else {
@@ -74,47 +112,17 @@ absl::Status KvEventSink::Apply(NodeIndex node, const v1::KvEvent& event) {
         }
       }
       break;
-    }
-    case v1::KvEvent::kQuarantined: {
-      google::protobuf::RepeatedPtrField<std::string> one;
-      *one.Add() = event.quarantined().key();
-      RETURN_IF_ERROR_WITH(ParseKeys(one, keys), "quarantined event");
+    case v1::KvEvent::kQuarantined:
       index_->Quarantined(keys.front());
       break;
-    }
-    case v1::KvEvent::kDigest: {
-      const auto& digest = event.digest();
-      RETURN_IF_ERROR_WITH(ParseKeys(digest.keys(), keys), "digest page");
-      ASSIGN_OR_RETURN(CacheTier tier, RequireTier(static_cast<int>(digest.tier()), "digest page"));
-      NoteTier(node, event.source(), tier);
-      index_->DigestPage(node, event.source(), digest.digest_id(), tier, keys, digest.last_page());
-      if (digest.last_page()) {
-        absl::MutexLock lock(&mu_);
-        SourceState& s = sources_[{node, event.source()}];
-        s.out_of_sync = false;
-        s.seen = true;
-        s.last_sequence = event.sequence();
-        return absl::OkStatus();
-      }
+    case v1::KvEvent::kDigest:
+      index_->DigestPage(node, event.source(), event.digest().digest_id(), *tier, keys,
+                         event.digest().last_page());
       break;
-    }
     case v1::KvEvent::EVENT_NOT_SET:
-      return absl::InvalidArgumentError("KV event without a payload");
+      break;
   }
-  absl::MutexLock lock(&mu_);
-  SourceState& s = sources_[{node, event.source()}];
-  if (s.seen && event.sequence() != s.last_sequence + 1) s.out_of_sync = true;
-  s.seen = true;
-  s.last_sequence = event.sequence();
   return absl::OkStatus();
-}
-
-uint32_t KvEventSink::NoteTier(NodeIndex node, const std::string& source,
-                               std::optional<CacheTier> tier) {
-  absl::MutexLock lock(&mu_);
-  SourceState& s = sources_[{node, source}];
-  if (tier.has_value()) s.tiers |= 1u << static_cast<uint32_t>(*tier);
-  return s.tiers;
 }
 
 bool KvEventSink::OutOfSync(NodeIndex node) const {

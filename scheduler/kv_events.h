@@ -41,8 +41,6 @@ class KvEventSink {
     bool out_of_sync = false;
     uint32_t tiers = 0;  // bit t: the source has named CacheTier t (its "every tier")
   };
-  // Records that `source` named `tier`; returns the tiers it has named so far.
-  uint32_t NoteTier(NodeIndex node, const std::string& source, std::optional<CacheTier> tier);
 
   PrefixIndex* index_;
   mutable absl::Mutex mu_;

@@ -29,7 +29,7 @@ int64_t ResidentBlocks::Acquire(std::span<const BlockKey> keys, runtime::PageTab
     Block& b = it->second;
     if (b.refs++ == 0) idle_.erase(b.idle);
     table->pages.push_back(b.page);
-    if (touched_.size() < kMaxChanges) touched_.insert(key);
+    if (track_touches_ && touched_.size() < kMaxChanges) touched_.insert(key);
     saved_run = saved_run && b.saved;
     if (saved_run) ++*saved;
   }
@@ -203,6 +203,11 @@ ResidentBlocks::Changes ResidentBlocks::TakeChanges() {
   Changes out = std::move(changes_);
   changes_ = Changes{};
   return out;
+}
+
+void ResidentBlocks::TrackTouches() {
+  absl::MutexLock lock(&mu_);
+  track_touches_ = true;
 }
 
 std::vector<BlockKey> ResidentBlocks::TakeTouched() {

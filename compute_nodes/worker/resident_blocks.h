@@ -105,7 +105,9 @@ class ResidentBlocks {
   std::vector<BlockKey> Keys() const;
   // The blocks handed out by Acquire since the last call (each once, at most kMaxChanges): hits
   // the cache server never saw, to mark used there too (CacheControl.Touch), so it does not
-  // evict what the workers keep serving.
+  // evict what the workers keep serving. Recorded only once TrackTouches() was called (by the
+  // one who takes them).
+  void TrackTouches();
   std::vector<BlockKey> TakeTouched();
 
  private:
@@ -137,6 +139,7 @@ class ResidentBlocks {
   std::list<BlockKey> idle_ ABSL_GUARDED_BY(mu_);
   int64_t hits_ ABSL_GUARDED_BY(mu_) = 0;
   Changes changes_ ABSL_GUARDED_BY(mu_);
+  bool track_touches_ ABSL_GUARDED_BY(mu_) = false;
   absl::flat_hash_set<BlockKey> touched_ ABSL_GUARDED_BY(mu_);
 };
 

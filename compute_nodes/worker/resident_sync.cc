@@ -22,6 +22,7 @@ ResidentSync::ResidentSync(ResidentSyncOptions options, ResidentBlocks* resident
 ResidentSync::~ResidentSync() { Stop(); }
 
 void ResidentSync::Start() {
+  resident_->TrackTouches();
   events_ = std::thread([this] { FollowEvictions(); });
   touches_ = std::thread([this] { SendTouches(); });
 }

@@ -29,6 +29,7 @@ std::vector<BlockKey> Keys(int first, int n) {
 TEST(ResidentBlocksTest, ReleasedBlocksAreFoundAgainAndShared) {
   runtime::HostKvPool pool(Layout(), 8);
   ResidentBlocks resident(pool);
+  resident.TrackTouches();
   runtime::PageTable a;
   ASSERT_TRUE(resident.EnsureCapacity(a, 14).ok());  // 4 pages: 3 full blocks + a partial one
   const std::vector<int32_t> pages = a.pages;

@@ -399,7 +399,10 @@ TEST_F(WorkerCoreTest, ARunningSequenceSharesItsFilledBlocks) {
   ASSERT_TRUE(ob.status.ok()) << ob.status;
   EXPECT_EQ(ob.cached.gpu, 256);
   EXPECT_EQ(b.tokens, Reference(other, 12));
-  EXPECT_FALSE(a.done.has_value()) << "the first request should still be running";
+  {
+    std::lock_guard<std::mutex> lock(a.mu);
+    EXPECT_FALSE(a.done.has_value()) << "the first request should still be running";
+  }
   core_->Cancel("long");
   a.Wait();
   ExpectNoPageHeld(16);
