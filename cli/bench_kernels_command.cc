@@ -28,6 +28,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "cli/commands.h"
@@ -184,7 +185,7 @@ absl::Status BenchMlaDecode(int iters, const std::vector<int>& heads_q, nlohmann
         }
       }
       // Side by side: the mma.sync kernel at its own split choice, where kAuto took the Hopper one.
-      double mma_sync_ms = 0;
+      double mma_sync_ms = 0, sm90_ms = 0, alternate_ms = 0;
       if (kernels::MlaDecodeSm90Applies(p.kv_dtype)) {
         p.num_splits =
             kernels::MlaDecodeNumSplits(kBatch, h_q, s_k, num_sms, kernels::MlaKvDtype::kBf16,
@@ -199,6 +200,21 @@ absl::Status BenchMlaDecode(int iters, const std::vector<int>& heads_q, nlohmann
         ratios[fmt::format("mla_decode_auto_vs_mma_sync_h{}_s{}", h_q, s_k)] =
             mma_sync_ms / chosen_ms;
         sweep_text += fmt::format(" mma.sync:{:.3f}", mma_sync_ms);
+        // And the two Hopper kernels by name, at the chosen splits (kAuto runs one of them).
+        p.num_splits = chosen;
+        p.o_accum = nullptr;
+        p.lse_accum = nullptr;
+        kernels::MlaDecodeSetWorkspace(p, ws.ptr);
+        for (auto [impl, ms] : {std::pair{kernels::MlaDecodeImpl::kSm90, &sm90_ms},
+                                std::pair{kernels::MlaDecodeImpl::kSm90Alternate, &alternate_ms}}) {
+          p.impl = impl;
+          ASSIGN_OR_RETURN(
+              *ms, MedianMs([&] { return kernels::LaunchMlaDecode(p, nullptr); }, 3, iters));
+        }
+        p.impl = kernels::MlaDecodeImpl::kAuto;
+        ratios[fmt::format("mla_decode_alternate_vs_sm90_h{}_s{}", h_q, s_k)] =
+            sm90_ms / alternate_ms;
+        sweep_text += fmt::format(" sm90:{:.3f} alternate:{:.3f}", sm90_ms, alternate_ms);
       }
       CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
       const double bytes =
@@ -225,6 +241,8 @@ absl::Status BenchMlaDecode(int iters, const std::vector<int>& heads_q, nlohmann
                         {"best_splits", best_splits},
                         {"best_ms", best_ms},
                         {"mma_sync_ms", mma_sync_ms},
+                        {"sm90_ms", sm90_ms},
+                        {"alternate_ms", alternate_ms},
                         {"sweep_ms", sweep}});
       std::cout << fmt::format(
           "{:>4} {:>6} {:>6} {:>9.3f} {:>7.2f} {:>8.1f} {:>9.2f} {:>7.3f} {}\n", h_q, s_k, chosen,

@@ -17,7 +17,7 @@ absl::Status Invalid(const std::string& what) {
 int MlaDecodeNumSplits(int batch, int num_heads_q, int max_seqlen, int num_sms, MlaKvDtype kv_dtype,
                        MlaDecodeImpl impl) {
   if (batch <= 0 || num_heads_q <= 0 || num_sms <= 0 || max_seqlen <= 0) return 1;
-  const bool sm90 = impl == MlaDecodeImpl::kSm90 ||
+  const bool sm90 = impl == MlaDecodeImpl::kSm90 || impl == MlaDecodeImpl::kSm90Alternate ||
                     (impl == MlaDecodeImpl::kAuto && MlaDecodeSm90Applies(kv_dtype));
   // Blocks and their tiles: the Hopper kernel takes 64 heads (64-token tiles, one block per SM);
   // the mma.sync one 16, 32 or 64 (32-token tiles; blocks of 16 run two to an SM, see
@@ -98,12 +98,21 @@ absl::Status ValidateMlaDecodeParams(const MlaDecodeParams& p) {
 absl::Status LaunchMlaDecode(const MlaDecodeParams& params, cudaStream_t stream) {
   if (absl::Status st = ValidateMlaDecodeParams(params); !st.ok()) return st;
   const bool sm90 = params.impl != MlaDecodeImpl::kMmaSync && MlaDecodeSm90Applies(params.kv_dtype);
-  if (params.impl == MlaDecodeImpl::kSm90 && !sm90) {
+  const bool named_sm90 =
+      params.impl == MlaDecodeImpl::kSm90 || params.impl == MlaDecodeImpl::kSm90Alternate;
+  if (named_sm90 && !sm90) {
     return absl::FailedPreconditionError(
-        "LaunchMlaDecode: the sm90 kernel needs bf16 pages and a compute capability 9.x device");
+        "LaunchMlaDecode: the sm90 kernels need bf16 pages and a compute capability 9.x device");
   }
+  // Of the Hopper kernels, kAuto takes the alternating one where the tensor pipe is the bound
+  // (more than one 64-head block per sequence: at h_q 128 it measured 1.01-1.04x the other on
+  // average, 0.94-1.14x per pair); at h_q <= 64 the KV bytes are, and the one that keeps a tile
+  // loading while it computes the other is as fast or faster (kernels/mla_decode/NOTES.md).
+  const bool alternate = sm90 && (params.impl == MlaDecodeImpl::kSm90Alternate ||
+                                  (params.impl == MlaDecodeImpl::kAuto && params.num_heads_q > 64));
   const absl::Status split_kv =
-      sm90                           ? LaunchMlaDecodeSm90(params, stream)
+      alternate                      ? LaunchMlaDecodeSm90Alternate(params, stream)
+      : sm90                         ? LaunchMlaDecodeSm90(params, stream)
       : params.num_heads_q % 64 == 0 ? LaunchMlaDecodeSplitKv<4>(params, stream)
       : params.num_heads_q % 32 == 0 ? LaunchMlaDecodeSplitKv<2>(params, stream)
                                      : LaunchMlaDecodeSplitKv<1>(params, stream);

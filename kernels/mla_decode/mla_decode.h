@@ -47,12 +47,14 @@ inline constexpr int kMlaFp8PageBytes = kMlaPageSize * (kMlaValueDim + 4 * 4 + 6
 
 enum class MlaKvDtype { kBf16, kFp8E4M3 };
 
-// Which kernel computes the attention. kAuto takes the Hopper kernel (TMA + wgmma, blocks of 64
-// heads; fewer heads fill the block's rows and drop the rest) where it applies: bf16 pages on a
-// compute capability 9.x device; else the mma.sync kernel (blocks of 16, 32 or 64 heads, bf16 or
-// fp8 pages). Naming one forces it (kSm90 fails where it does not apply): for tests and
-// side-by-side benchmarks.
-enum class MlaDecodeImpl { kAuto, kMmaSync, kSm90 };
+// Which kernel computes the attention. kAuto takes a Hopper kernel (TMA + wgmma, blocks of 64
+// heads; fewer heads fill the block's rows and drop the rest) where they apply: bf16 pages on a
+// compute capability 9.x device; there kSm90Alternate (the two consumer warpgroups take turns
+// over tiles, mla_decode_sm90_alternate.cu) for h_q > 64 and kSm90 (both on every tile,
+// mla_decode_sm90.cu) otherwise. Else the mma.sync kernel (blocks of 16, 32 or 64 heads, bf16 or
+// fp8 pages). Naming one forces it (kSm90 and kSm90Alternate fail where they do not apply): for
+// tests and side-by-side benchmarks.
+enum class MlaDecodeImpl { kAuto, kMmaSync, kSm90, kSm90Alternate };
 
 struct MlaDecodeParams {
   int batch = 0;
@@ -102,7 +104,8 @@ absl::Status LaunchMlaDecodeCombine(const MlaDecodeParams& params, cudaStream_t 
 // Whether the Hopper kernel applies to pages of `kv_dtype` on the current device.
 bool MlaDecodeSm90Applies(MlaKvDtype kv_dtype);
 
-// Internal: the Hopper kernel (mla_decode_sm90.cu).
+// Internal: the Hopper kernels (mla_decode_sm90.cu, mla_decode_sm90_alternate.cu).
 absl::Status LaunchMlaDecodeSm90(const MlaDecodeParams& params, cudaStream_t stream);
+absl::Status LaunchMlaDecodeSm90Alternate(const MlaDecodeParams& params, cudaStream_t stream);
 
 }  // namespace strata::kernels

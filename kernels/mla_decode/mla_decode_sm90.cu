@@ -23,56 +23,18 @@
 #include "common/cuda/cuda_status.h"
 #include "kernels/common/pdl.cuh"
 #include "kernels/common/sm90_device.h"
-#include "kernels/common/sm90_ptx.cuh"
-#include "kernels/common/tensor_map.h"
-#include "kernels/mla_decode/mla_decode.h"
+#include "kernels/mla_decode/mla_decode_sm90.cuh"
 
 namespace strata::kernels {
 namespace mla_sm90 {
 
-using namespace ::strata::kernels::sm90;  // NOLINT(build/namespaces): PTX helper vocabulary
-
-constexpr int kHeads = 64;
-constexpr int kTile = kMlaPageSize;               // tokens per tile: one page
-constexpr int kBoxCols = 64;                      // bf16 in one 128-byte swizzled row
-constexpr int kBoxes = kMlaQkHeadDim / kBoxCols;  // 9 boxes per 576-wide matrix
-constexpr int kBoxBytes = 64 * 128;               // 64 rows x 128 B
-constexpr int kMatBytes = kBoxes * kBoxBytes;     // Q, or one KV tile: 73,728 B
-constexpr int kStages = 2;
-constexpr int kConsumerThreads = 256;
-constexpr int kThreads = kConsumerThreads + 128;  // + a producer warpgroup
-// Shared memory, from a 1,024-byte aligned base.
-constexpr int kQOffset = 0;
-constexpr int kKvOffset = kQOffset + kMatBytes;
-constexpr int kXOffset = kKvOffset + kStages * kMatBytes;  // S partials from warpgroup 0
-constexpr int kMaxOffset = kXOffset + kBoxBytes;           // row maxima [2][64] f32
-constexpr int kSumOffset = kMaxOffset + 2 * kHeads * 4;    // row sums [2][64] f32
-constexpr int kBarOffset = kSumOffset + 2 * kHeads * 4;    // q_full, full[2], empty[2]
+// Shared memory past the page ring.
+constexpr int kXOffset = kRingEnd;                       // S partials from warpgroup 0
+constexpr int kMaxOffset = kXOffset + kBoxBytes;         // row maxima [2][64] f32
+constexpr int kSumOffset = kMaxOffset + 2 * kHeads * 4;  // row sums [2][64] f32
+constexpr int kBarOffset = kSumOffset + 2 * kHeads * 4;  // q_full, full[2], empty[2]
 constexpr int kSmemBytes = kBarOffset + (1 + 2 * kStages) * 8 + 1024;  // + alignment slack
 static_assert(kSmemBytes <= 227 * 1024, "shared memory of one block");
-
-#define STRATA_F4(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3])
-#define STRATA_F16(i) STRATA_F4(i), STRATA_F4(i + 4), STRATA_F4(i + 8), STRATA_F4(i + 12)
-
-// d (64 x 256) += A (64 x 16, K-major) B (16 x 256, MN-major: imm-trans-b), by descriptor.
-__device__ __forceinline__ void WgmmaM64N256(float (&d)[128], uint64_t a, uint64_t b) {
-  asm volatile(
-      "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
-      "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,"
-      "%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,"
-      "%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,"
-      "%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,"
-      "%87,%88,%89,%90,%91,%92,%93,%94,%95,%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,"
-      "%106,%107,%108,%109,%110,%111,%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,"
-      "%123,%124,%125,%126,%127"
-      "}, %128, %129, 1, 1, 1, 0, 1;\n"
-      : STRATA_F16(0), STRATA_F16(16), STRATA_F16(32), STRATA_F16(48), STRATA_F16(64),
-        STRATA_F16(80), STRATA_F16(96), STRATA_F16(112)
-      : "l"(a), "l"(b));
-}
-
-#undef STRATA_F16
-#undef STRATA_F4
 
 __global__ void __launch_bounds__(kThreads, 1)
     MlaDecodeSm90Kernel(const __grid_constant__ MlaDecodeParams p,
@@ -80,7 +42,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                         const __grid_constant__ CUtensorMap kv_map) {
   PdlGridSync();
   extern __shared__ uint8_t smem_raw[];
-  uint8_t* smem = smem_raw + ((1024 - (SmemAddr(smem_raw) & 1023)) & 1023);
+  uint8_t* smem = AlignedSmem(smem_raw);
   uint8_t* sq = smem + kQOffset;
   uint8_t* skv = smem + kKvOffset;
   uint8_t* sx = smem + kXOffset;
@@ -92,7 +54,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int head0 = blockIdx.x * kHeads, split = blockIdx.y, b = blockIdx.z;
-  const int h_q = p.num_heads_q;
   const int seqlen = max(0, min(p.seqlens[b], p.max_pages_per_seq * kMlaPageSize));
   const int num_tiles = (seqlen + kTile - 1) / kTile;
   const int per_split = (num_tiles + p.num_splits - 1) / p.num_splits;
@@ -112,31 +73,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (warp >= kConsumerThreads / 32) {  // producer warpgroup: one warp issues, three idle
     asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
     if (n == 0 || warp != kConsumerThreads / 32) return;
-    const int32_t* table = p.block_table + static_cast<size_t>(b) * p.max_pages_per_seq;
-    if (lane == 0) {
-      PrefetchTensorMap(&q_map);
-      PrefetchTensorMap(&kv_map);
-      MbarArriveExpectTx(q_full, kMatBytes);
-      for (int box = 0; box < kBoxes; ++box) {
-        TmaLoad2d(sq + box * kBoxBytes, &q_map, box * kBoxCols, b * h_q + head0, q_full);
-      }
-    }
-    for (int i0 = 0; i0 < n; i0 += 32) {  // 32 block-table entries per warp load
-      const int mine = i0 + lane < n ? table[tile_begin + i0 + lane] : 0;
-      for (int j = 0; j < min(32, n - i0); ++j) {
-        const int page = __shfl_sync(0xffffffffu, mine, j);
-        const int i = i0 + j, stage = i % kStages;
-        if (lane == 0) {
-          if (i >= kStages) MbarWait(&empty[stage], (i / kStages - 1) & 1);
-          MbarArriveExpectTx(&full[stage], kMatBytes);
-          uint8_t* dst = skv + stage * kMatBytes;
-          for (int box = 0; box < kBoxes; ++box) {
-            TmaLoad2d(dst + box * kBoxBytes, &kv_map, box * kBoxCols, page * kTile, &full[stage]);
-          }
-        }
-        __syncwarp();
-      }
-    }
+    LoadQAndTiles(p, &q_map, &kv_map, sq, skv, q_full, full, empty, b, head0, tile_begin, n, lane);
     return;
   }
 
@@ -157,15 +94,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     uint8_t* kvs = skv + stage * kMatBytes;
     MbarWait(&full[stage], (i / kStages) & 1);
     const int valid = seqlen - tile * kTile;
-    if (valid < kTile) {  // zero this warpgroup's V rows past the sequence (whole 128-byte rows)
-      const int per_box = (kTile - valid) * 8;
-      for (int k = tid % 128; k < 4 * per_box; k += 128) {
-        const int box = 4 * wg + k / per_box, r = valid + (k % per_box) / 8, c = k % 8;
-        *reinterpret_cast<uint4*>(kvs + box * kBoxBytes + r * 128 + c * 16) =
-            make_uint4(0, 0, 0, 0);
-      }
-      FenceProxyAsync();
-    }
+    if (valid < kTile) ZeroVTail(kvs, valid, wg, tid % 128);  // fenced; barriers follow
 
     // S = Q K^T: warpgroup g over dims [288g, 288g + 288) for all 64 tokens (m64n64, at the
     // wide N where wgmma is efficient); each hands the other the partial sums of the other's 32
@@ -265,43 +194,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     MbarArrive(&empty[stage]);
   }
 
-  // Epilogue: the row sums of both warpgroups, normalise, store out / lse or this split's partial.
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
-    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
-    if (lane % 4 == 0) red_sum[wg * kHeads + row0 + 8 * r] = l_run[r];
-  }
-  NamedBarrier(1, kConsumerThreads);
-  const bool direct = p.num_splits == 1;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = row0 + 8 * r, head = head0 + row;
-    if (head >= h_q) continue;  // a block of fewer heads computes these rows and drops them
-    const float l = red_sum[row] + red_sum[kHeads + row];
-    const float inv = l > 0.f ? 1.f / l : 0.f;
-    const size_t out_row = direct ? static_cast<size_t>(b) * h_q + head
-                                  : (static_cast<size_t>(b) * p.num_splits + split) * h_q + head;
-    if (direct) {
-      __nv_bfloat16* out = p.out + out_row * kMlaValueDim + 256 * wg + 2 * (lane % 4);
-#pragma unroll
-      for (int j = 0; j < 32; ++j) {
-        *reinterpret_cast<__nv_bfloat162*>(out + 8 * j) =
-            __floats2bfloat162_rn(o[4 * j + 2 * r] * inv, o[4 * j + 2 * r + 1] * inv);
-      }
-    } else {
-      float* out = p.o_accum + out_row * kMlaValueDim + 256 * wg + 2 * (lane % 4);
-#pragma unroll
-      for (int j = 0; j < 32; ++j) {
-        *reinterpret_cast<float2*>(out + 8 * j) =
-            make_float2(o[4 * j + 2 * r] * inv, o[4 * j + 2 * r + 1] * inv);
-      }
-    }
-    if (wg == 0 && lane % 4 == 0) {
-      const float lse = l > 0.f ? (m_run[r] + log2f(l)) * 0.6931471805599453f : -INFINITY;
-      (direct ? p.lse : p.lse_accum)[out_row] = lse;
-    }
-  }
+  StoreRows(p, o, l_run, m_run, red_sum, wg, lane, row0, head0, split, b);
 }
 
 }  // namespace mla_sm90
@@ -312,20 +205,8 @@ bool MlaDecodeSm90Applies(MlaKvDtype kv_dtype) {
 
 absl::Status LaunchMlaDecodeSm90(const MlaDecodeParams& params, cudaStream_t stream) {
   using namespace mla_sm90;  // NOLINT(build/namespaces)
-  // Q and the pages as [rows][576] bf16 matrices read in 64 x 64 boxes.
   CUtensorMap q_map, kv_map;
-  const uint64_t row_bytes = kMlaQkHeadDim * 2;
-  const uint32_t box[2] = {kBoxCols, 64};
-  const uint64_t q_dims[2] = {kMlaQkHeadDim,
-                              static_cast<uint64_t>(params.batch) * params.num_heads_q};
-  const uint64_t kv_dims[2] = {kMlaQkHeadDim,
-                               static_cast<uint64_t>(params.num_pages) * kMlaPageSize};
-  for (const absl::Status& st :
-       {EncodeBf16TensorMap(&q_map, params.q, 2, q_dims, &row_bytes, box, "MLA decode q"),
-        EncodeBf16TensorMap(&kv_map, params.kv_cache, 2, kv_dims, &row_bytes, box,
-                            "MLA decode kv_cache")}) {
-    if (!st.ok()) return st;
-  }
+  if (absl::Status st = EncodeMlaSm90Maps(params, &q_map, &kv_map); !st.ok()) return st;
   CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(
       MlaDecodeSm90Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
   const dim3 grid((params.num_heads_q + kHeads - 1) / kHeads, params.num_splits, params.batch);

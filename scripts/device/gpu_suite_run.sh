@@ -14,7 +14,7 @@ for t in ./kernels_*_test; do
 done
 rm -f $OUT/kernels.log.tmp
 
-timeout 150 ./compute_nodes_cuda_engine_test > $OUT/cuda_engine_test.log 2>&1
+timeout 300 ./compute_nodes_cuda_engine_test > $OUT/cuda_engine_test.log 2>&1
 echo "cuda_engine_test rc=$? at $(( $(date +%s) - start )) s"
 grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED  \]|Failure" $OUT/cuda_engine_test.log | head -20
 timeout 60 ./compute_nodes_device_kv_pool_test > $OUT/device_kv_pool_test.log 2>&1

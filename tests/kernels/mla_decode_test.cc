@@ -256,11 +256,13 @@ TEST_F(MlaDecodeTest, EmptySequenceGivesZeroAndMinusInfLse) {
   RunCase({64, {0, 65, 0}, 4}, Seed());
 }
 
-// kAuto takes the Hopper kernel for bf16 pages on an H200; both kernels are checked by name here,
-// at every block shape (heads 16..128: the Hopper kernel fills 64-row blocks and drops the rest).
-TEST_F(MlaDecodeTest, BothKernelsAtEveryHeadCount) {
-  for (MlaDecodeImpl impl : {MlaDecodeImpl::kMmaSync, MlaDecodeImpl::kSm90}) {
-    if (impl == MlaDecodeImpl::kSm90 && !MlaDecodeSm90Applies(MlaKvDtype::kBf16)) {
+// kAuto takes a Hopper kernel for bf16 pages on an H200; every kernel is checked by name here, at
+// every block shape (heads 16..128: the Hopper kernels fill 64-row blocks and drop the rest), with
+// odd and even tile counts (the alternating kernel takes tiles in pairs) and partial last tiles.
+TEST_F(MlaDecodeTest, EveryKernelAtEveryHeadCount) {
+  for (MlaDecodeImpl impl :
+       {MlaDecodeImpl::kMmaSync, MlaDecodeImpl::kSm90, MlaDecodeImpl::kSm90Alternate}) {
+    if (impl != MlaDecodeImpl::kMmaSync && !MlaDecodeSm90Applies(MlaKvDtype::kBf16)) {
       GTEST_SKIP() << "not a compute capability 9.x device";
     }
     RunCase({16, kRagged, 1, false, impl}, Seed());
@@ -271,6 +273,7 @@ TEST_F(MlaDecodeTest, BothKernelsAtEveryHeadCount) {
     RunCase({96, {129, 800}, 0, false, impl}, Seed());
     RunCase({128, {4096, 33, 31, 127, 128, 129}, 3, false, impl}, Seed());
     RunCase({128, {0, 1, 700}, 0, false, impl}, Seed());
+    RunCase({64, {64, 128, 192, 200, 4096 + 17}, 5, false, impl}, Seed());
   }
 }
 

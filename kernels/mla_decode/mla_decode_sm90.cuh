@@ -1,0 +1,178 @@
+// What the two Hopper MLA decode kernels share (mla_decode_sm90.cu: both warpgroups on every
+// tile; mla_decode_sm90_alternate.cu: the warpgroups take turns): the block shape, the shared
+// memory of Q and the 2-stage page ring, the producer warp that fills it, the P V instructions and
+// the tensor maps. Included by those two .cu files only.
+#pragma once
+
+#include <cuda.h>
+
+#include "kernels/common/sm90_ptx.cuh"
+#include "kernels/common/tensor_map.h"
+#include "kernels/mla_decode/mla_decode.h"
+
+namespace strata::kernels::mla_sm90 {
+
+using namespace ::strata::kernels::sm90;  // NOLINT(build/namespaces): PTX helper vocabulary
+
+constexpr int kHeads = 64;                        // query heads (rows) per block
+constexpr int kTile = kMlaPageSize;               // tokens per tile: one page
+constexpr int kBoxCols = 64;                      // bf16 in one 128-byte swizzled row
+constexpr int kBoxes = kMlaQkHeadDim / kBoxCols;  // 9 boxes per 576-wide matrix
+constexpr int kBoxBytes = 64 * 128;               // 64 rows x 128 B
+constexpr int kMatBytes = kBoxes * kBoxBytes;     // Q, or one KV tile: 73,728 B
+constexpr int kStages = 2;
+constexpr int kConsumerThreads = 256;             // two consumer warpgroups
+constexpr int kThreads = kConsumerThreads + 128;  // + a producer warpgroup
+constexpr int kQOffset = 0;                       // from a 1,024-byte aligned base
+constexpr int kKvOffset = kQOffset + kMatBytes;
+constexpr int kRingEnd = kKvOffset + kStages * kMatBytes;
+
+// The block's 1,024-byte aligned view of its dynamic shared memory (TMA swizzle atoms).
+__device__ __forceinline__ uint8_t* AlignedSmem(uint8_t* raw) {
+  return raw + ((1024 - (SmemAddr(raw) & 1023)) & 1023);
+}
+
+// The producer warp (lane 0 issues): Q once, then the split's tiles (one page each, 9 boxes of
+// 64 tokens x 64 dims) into stage i % 2, each after the consumers released that stage.
+__device__ __forceinline__ void LoadQAndTiles(const MlaDecodeParams& p, const CUtensorMap* q_map,
+                                              const CUtensorMap* kv_map, uint8_t* sq, uint8_t* skv,
+                                              uint64_t* q_full, uint64_t* full, uint64_t* empty,
+                                              int b, int head0, int tile_begin, int n, int lane) {
+  const int32_t* table = p.block_table + static_cast<size_t>(b) * p.max_pages_per_seq;
+  if (lane == 0) {
+    PrefetchTensorMap(q_map);
+    PrefetchTensorMap(kv_map);
+    MbarArriveExpectTx(q_full, kMatBytes);
+    for (int box = 0; box < kBoxes; ++box) {
+      TmaLoad2d(sq + box * kBoxBytes, q_map, box * kBoxCols, b * p.num_heads_q + head0, q_full);
+    }
+  }
+  for (int i0 = 0; i0 < n; i0 += 32) {  // 32 block-table entries per warp load
+    const int mine = i0 + lane < n ? table[tile_begin + i0 + lane] : 0;
+    for (int j = 0; j < min(32, n - i0); ++j) {
+      const int page = __shfl_sync(0xffffffffu, mine, j);
+      const int i = i0 + j, stage = i % kStages;
+      if (lane == 0) {
+        if (i >= kStages) MbarWait(&empty[stage], (i / kStages - 1) & 1);
+        MbarArriveExpectTx(&full[stage], kMatBytes);
+        uint8_t* dst = skv + stage * kMatBytes;
+        for (int box = 0; box < kBoxes; ++box) {
+          TmaLoad2d(dst + box * kBoxBytes, kv_map, box * kBoxCols, page * kTile, &full[stage]);
+        }
+      }
+      __syncwarp();
+    }
+  }
+}
+
+// Zeroes the V rows past the sequence of one half of a tile's latent dims (boxes 4 half ..
+// 4 half + 3), by the 128 threads of one warpgroup, made visible to their next wgmma (P is 0
+// there, but 0 x NaN is not). `valid` tokens of the tile are real (1..63).
+__device__ __forceinline__ void ZeroVTail(uint8_t* kvs, int valid, int half, int t) {
+  const int per_box = (kTile - valid) * 8;  // 16-byte chunks past the sequence in one box
+  for (int k = t; k < 4 * per_box; k += 128) {
+    const int box = 4 * half + k / per_box, r = valid + (k % per_box) / 8, c = k % 8;
+    *reinterpret_cast<uint4*>(kvs + box * kBoxBytes + r * 128 + c * 16) = make_uint4(0, 0, 0, 0);
+  }
+  FenceProxyAsync();
+}
+
+// The epilogue of both kernels: warpgroup wg holds O[:, 256 wg, 256 wg + 256) of this thread's
+// rows (row0, row0 + 8) unnormalised and its part of their row sums; adds the two warpgroups'
+// sums (named barrier 1), normalises and stores out / lse, or this split's partial.
+__device__ __forceinline__ void StoreRows(const MlaDecodeParams& p, const float (&o)[128],
+                                          float (&l_run)[2], const float (&m_run)[2],
+                                          float* red_sum, int wg, int lane, int row0, int head0,
+                                          int split, int b) {
+  const int h_q = p.num_heads_q;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
+    l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 2);
+    if (lane % 4 == 0) red_sum[wg * kHeads + row0 + 8 * r] = l_run[r];
+  }
+  NamedBarrier(1, kConsumerThreads);
+  const bool direct = p.num_splits == 1;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = row0 + 8 * r, head = head0 + row;
+    if (head >= h_q) continue;  // a block of fewer heads computes these rows and drops them
+    const float l = red_sum[row] + red_sum[kHeads + row];
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    const size_t out_row = direct ? static_cast<size_t>(b) * h_q + head
+                                  : (static_cast<size_t>(b) * p.num_splits + split) * h_q + head;
+    if (direct) {
+      __nv_bfloat16* out = p.out + out_row * kMlaValueDim + 256 * wg + 2 * (lane % 4);
+#pragma unroll
+      for (int j = 0; j < 32; ++j) {
+        *reinterpret_cast<__nv_bfloat162*>(out + 8 * j) =
+            __floats2bfloat162_rn(o[4 * j + 2 * r] * inv, o[4 * j + 2 * r + 1] * inv);
+      }
+    } else {
+      float* out = p.o_accum + out_row * kMlaValueDim + 256 * wg + 2 * (lane % 4);
+#pragma unroll
+      for (int j = 0; j < 32; ++j) {
+        *reinterpret_cast<float2*>(out + 8 * j) =
+            make_float2(o[4 * j + 2 * r] * inv, o[4 * j + 2 * r + 1] * inv);
+      }
+    }
+    if (wg == 0 && lane % 4 == 0) {
+      const float lse = l > 0.f ? (m_run[r] + log2f(l)) * 0.6931471805599453f : -INFINITY;
+      (direct ? p.lse : p.lse_accum)[out_row] = lse;
+    }
+  }
+}
+
+#define STRATA_F4(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3])
+#define STRATA_F16(i) STRATA_F4(i), STRATA_F4(i + 4), STRATA_F4(i + 8), STRATA_F4(i + 12)
+#define STRATA_D128                                                                             \
+  "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,"  \
+  "%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,"    \
+  "%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,"    \
+  "%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,"    \
+  "%91,%92,%93,%94,%95,%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110," \
+  "%111,%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127"
+
+// d (64 x 256) += A (64 x 16, K-major in shared memory) B (16 x 256, MN-major: imm-trans-b).
+__device__ __forceinline__ void WgmmaM64N256(float (&d)[128], uint64_t a, uint64_t b) {
+  asm volatile("wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {" STRATA_D128
+               "}, %128, %129, 1, 1, 1, 0, 1;\n"
+               : STRATA_F16(0), STRATA_F16(16), STRATA_F16(32), STRATA_F16(48), STRATA_F16(64),
+                 STRATA_F16(80), STRATA_F16(96), STRATA_F16(112)
+               : "l"(a), "l"(b));
+}
+
+// The same with A in registers: the fragment of one k-step, in the layout of a wgmma
+// accumulator's 16 columns converted to bf16 pairs (what PackP writes).
+__device__ __forceinline__ void WgmmaM64N256Rs(float (&d)[128], const uint32_t (&a)[4],
+                                               uint64_t b) {
+  asm volatile("wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {" STRATA_D128
+               "}, {%128, %129, %130, %131}, %132, 1, 1, 1, 1;\n"
+               : STRATA_F16(0), STRATA_F16(16), STRATA_F16(32), STRATA_F16(48), STRATA_F16(64),
+                 STRATA_F16(80), STRATA_F16(96), STRATA_F16(112)
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+}
+
+#undef STRATA_D128
+#undef STRATA_F16
+#undef STRATA_F4
+
+// Q and the pages as [rows][576] bf16 matrices read in 64 x 64 boxes.
+inline absl::Status EncodeMlaSm90Maps(const MlaDecodeParams& params, CUtensorMap* q_map,
+                                      CUtensorMap* kv_map) {
+  const uint64_t row_bytes = kMlaQkHeadDim * 2;
+  const uint32_t box[2] = {kBoxCols, 64};
+  const uint64_t q_dims[2] = {kMlaQkHeadDim,
+                              static_cast<uint64_t>(params.batch) * params.num_heads_q};
+  const uint64_t kv_dims[2] = {kMlaQkHeadDim,
+                               static_cast<uint64_t>(params.num_pages) * kMlaPageSize};
+  if (absl::Status st =
+          EncodeBf16TensorMap(q_map, params.q, 2, q_dims, &row_bytes, box, "MLA decode q");
+      !st.ok()) {
+    return st;
+  }
+  return EncodeBf16TensorMap(kv_map, params.kv_cache, 2, kv_dims, &row_bytes, box,
+                             "MLA decode kv_cache");
+}
+
+}  // namespace strata::kernels::mla_sm90
