@@ -56,6 +56,9 @@ struct StoreOptions {
   double ssd_high_watermark = 0.95;
   double ssd_low_watermark = 0.85;
   absl::Duration lease_ttl = absl::Seconds(10);
+  // KV events kept for subscribers that resume from a sequence (SubscribeEvents.from_sequence);
+  // one that falls further behind sees a gap and resyncs from the digest.
+  size_t event_capacity = 65536;
   std::map<std::string, uint64_t> tenant_quota_bytes;  // absent: unlimited
   // The clock, in Unix milliseconds (tests substitute their own).
   std::function<int64_t()> now_ms;

@@ -166,6 +166,7 @@ bool CacheControlService::SendDigest(grpc::ServerWriter<v1::KvEventBatch>* write
       v1::KvEvent ev;
       auto* d = ev.mutable_digest();
       d->set_digest_id(digest_id);
+      d->set_epoch(store_.events().epoch());
       d->set_page(page++);
       d->set_tier(static_cast<v1::Tier>(tiers[ti]));
       for (size_t n = 0; i < keys.size() && n < options_.digest_page_keys; ++i, ++n) {

@@ -1,8 +1,15 @@
 #include "cache_service/event_bus.h"
 
+#include <algorithm>
+
 #include "absl/time/clock.h"
 
 namespace strata::cache {
+
+EventBus::EventBus(std::string source, size_t capacity)
+    : source_(std::move(source)),
+      capacity_(std::max<size_t>(1, capacity)),
+      epoch_(static_cast<uint64_t>(absl::ToUnixMicros(absl::Now()))) {}
 
 uint64_t EventBus::Publish(v1::KvEvent event) {
   std::lock_guard<std::mutex> lock(mu_);

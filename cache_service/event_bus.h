@@ -21,8 +21,7 @@ namespace strata::cache {
 
 class EventBus {
  public:
-  explicit EventBus(std::string source, size_t capacity = 65536)
-      : source_(std::move(source)), capacity_(capacity) {}
+  explicit EventBus(std::string source, size_t capacity = 65536);
 
   // Stamps sequence, time and source on `event` and appends it. Returns the sequence.
   uint64_t Publish(v1::KvEvent event);
@@ -34,12 +33,16 @@ class EventBus {
   // The sequence the next event will get.
   uint64_t next_sequence() const;
   const std::string& source() const { return source_; }
+  // This log's incarnation (set at construction; digests carry it): sequences of another epoch
+  // do not continue this one's.
+  uint64_t epoch() const { return epoch_; }
   // Wakes every Read() (shutdown).
   void Close();
 
  private:
   const std::string source_;
   const size_t capacity_;
+  const uint64_t epoch_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<v1::KvEvent> ring_ ABSL_GUARDED_BY(mu_);

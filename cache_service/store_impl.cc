@@ -31,7 +31,7 @@ absl::StatusOr<std::unique_ptr<BlockStore>> BlockStore::Open(StoreOptions option
 
 StoreImpl::StoreImpl(StoreOptions options)
     : options_(std::move(options)),
-      events_(options_.server_id),
+      events_(options_.server_id, options_.event_capacity),
       metrics_(std::make_unique<Metrics>()),
       start_ms_(absl::ToUnixMillis(absl::Now())) {
   if (!options_.now_ms) options_.now_ms = [] { return absl::ToUnixMillis(absl::Now()); };

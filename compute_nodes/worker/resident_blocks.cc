@@ -225,4 +225,13 @@ std::vector<BlockKey> ResidentBlocks::Keys() const {
   return keys;
 }
 
+std::vector<BlockKey> ResidentBlocks::SavedKeys() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<BlockKey> keys;
+  for (const auto& [key, block] : blocks_) {
+    if (block.saved && !block.forgotten) keys.push_back(key);
+  }
+  return keys;
+}
+
 }  // namespace strata::worker

@@ -103,6 +103,8 @@ class ResidentBlocks {
   Changes TakeChanges();
   // Every resident block's key (a digest for the scheduler).
   std::vector<BlockKey> Keys() const;
+  // The keys of the resident blocks known to be in the cache server (saved), not forgotten.
+  std::vector<BlockKey> SavedKeys() const;
   // The blocks handed out by Acquire since the last call (each once, at most kMaxChanges): hits
   // the cache server never saw, to mark used there too (CacheControl.Touch), so it does not
   // evict what the workers keep serving. Recorded only once TrackTouches() was called (by the

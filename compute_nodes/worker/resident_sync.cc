@@ -6,13 +6,29 @@
 #include <chrono>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
+#include "common/metrics.h"
 #include "spdlog/spdlog.h"
-#include "strata/v1/cache.grpc.pb.h"
 
 namespace strata::worker {
 namespace {
 
 constexpr int kTouchKeysPerCall = 4096;
+
+bool ParseKey(const std::string& bytes, BlockKey* key) {
+  if (bytes.size() != key->bytes.size()) return false;
+  std::copy(bytes.begin(), bytes.end(), key->bytes.begin());
+  return true;
+}
+
+Counter& ForgottenCounter(const std::string& why) {
+  static MetricFamily<Counter>& family = MetricsRegistry::Default().AddCounter(
+      "strata_worker_resident_forgotten_total",
+      "Resident blocks the worker forgot to follow its cache server: evicted there by an "
+      "operator, or missing from its digest after a gap in its events (resync)",
+      {"reason"});
+  return family.Labels({why});
+}
 
 }  // namespace
 
@@ -54,44 +70,109 @@ void ResidentSync::FollowEvictions() {
       if (stop_) return;
       context_ = &context;
     }
-    v1::SubscribeEventsRequest request;
-    request.set_subscriber_id(options_.client_id);
-    request.set_digest_interval_ms(24 * 3600 * 1000);  // only the first one, on connecting
-    std::unique_ptr<grpc::ClientReader<v1::KvEventBatch>> reader =
-        stub->SubscribeEvents(&context, request);
-    v1::KvEventBatch batch;
-    std::vector<BlockKey> keys;
-    while (reader->Read(&batch)) {
-      backoff = absl::Milliseconds(100);
-      for (const v1::KvEvent& event : batch.events()) {
-        if (!event.has_evicted() || !event.evicted().by_operator() ||
-            event.evicted().tier() != v1::TIER_UNSPECIFIED) {
-          continue;
-        }
-        keys.clear();
-        for (const std::string& bytes : event.evicted().keys()) {
-          BlockKey key;
-          if (bytes.size() != key.bytes.size()) continue;
-          std::copy(bytes.begin(), bytes.end(), key.bytes.begin());
-          keys.push_back(key);
-        }
-        const int64_t n = resident_->Forget(keys);
-        if (n > 0) {
-          forgotten_ += n;
-          spdlog::info("worker: forgot {} resident blocks evicted by an operator from {}", n,
-                       options_.cache_address);
-        }
-      }
-    }
-    const grpc::Status status = reader->Finish();
+    const int64_t before = subscriptions_.load();
+    const bool again = FollowStream(context, *stub);
+    if (subscriptions_.load() > before) backoff = absl::Milliseconds(100);
     std::unique_lock<std::mutex> lock(mu_);
     context_ = nullptr;
     if (stop_) return;
-    spdlog::debug("worker: KV event stream of {} ended: {}", options_.cache_address,
-                  status.error_message());
+    if (again) continue;
     if (cv_.wait_for(lock, absl::ToChronoMilliseconds(backoff), [this] { return stop_; })) return;
     backoff = std::min(backoff * 2, absl::Seconds(5));
   }
+}
+
+bool ResidentSync::FollowStream(grpc::ClientContext& context,
+                                v1::CacheControl::StubInterface& stub) {
+  v1::SubscribeEventsRequest request;
+  request.set_subscriber_id(options_.client_id);
+  request.set_from_sequence(next_sequence_);
+  request.set_digest_interval_ms(24 * 3600 * 1000);  // only the first one, on connecting
+  std::unique_ptr<grpc::ClientReaderInterface<v1::KvEventBatch>> reader =
+      stub.SubscribeEvents(&context, request);
+  // When resuming, the keys the first digest lists, kept until the first replayed event shows
+  // whether the server still had every event since the resume point (if not, they decide what
+  // is gone: a resync).
+  bool digest_done = false, check_gap = false, restarted = false;
+  absl::flat_hash_set<BlockKey> listed;
+  v1::KvEventBatch batch;
+  std::vector<BlockKey> keys;
+  while (!restarted && reader->Read(&batch)) {
+    for (const v1::KvEvent& event : batch.events()) {
+      if (event.has_digest()) {
+        if (digest_done) continue;  // periodic ones (off here)
+        const v1::KvEvent::Digest& d = event.digest();
+        const bool resuming = next_sequence_ > 0 && d.epoch() == epoch_;
+        if (resuming) {
+          for (const std::string& bytes : d.keys()) {
+            if (BlockKey key; ParseKey(bytes, &key)) listed.insert(key);
+          }
+        }
+        if (!d.last_page()) continue;
+        digest_done = true;
+        ++subscriptions_;
+        if (!resuming) {
+          restarted = epoch_ != 0;  // this stream was opened at a sequence of the old epoch
+          epoch_ = d.epoch();
+          next_sequence_ = event.sequence() + 1;
+          if (restarted) {
+            spdlog::info("worker: cache server {} restarted; following its events from its digest",
+                         options_.cache_address);
+            context.TryCancel();
+            break;
+          }
+        } else {
+          check_gap = event.sequence() >= next_sequence_;
+          if (!check_gap) listed.clear();
+        }
+        continue;
+      }
+      if (check_gap) {  // the first event replayed: is it the one asked for?
+        check_gap = false;
+        if (event.sequence() > next_sequence_) {
+          ++resyncs_;
+          std::vector<BlockKey> gone;
+          for (const BlockKey& key : resident_->SavedKeys()) {
+            if (!listed.contains(key)) gone.push_back(key);
+          }
+          spdlog::warn(
+              "worker: events {}..{} of cache server {} are gone from its log; resynced from its "
+              "digest",
+              next_sequence_, event.sequence() - 1, options_.cache_address);
+          ForgetBlocks(gone, "resync");
+        }
+        listed = {};
+      }
+      next_sequence_ = std::max(next_sequence_, event.sequence() + 1);
+      if (!event.has_evicted() || !event.evicted().by_operator() ||
+          event.evicted().tier() != v1::TIER_UNSPECIFIED) {
+        continue;
+      }
+      keys.clear();
+      for (const std::string& bytes : event.evicted().keys()) {
+        if (BlockKey key; ParseKey(bytes, &key)) keys.push_back(key);
+      }
+      ForgetBlocks(keys, "operator");
+    }
+  }
+  if (restarted) {
+    while (reader->Read(&batch)) {
+    }
+  }
+  const grpc::Status status = reader->Finish();
+  spdlog::debug("worker: KV event stream of {} ended: {}", options_.cache_address,
+                status.error_message());
+  return restarted;
+}
+
+void ResidentSync::ForgetBlocks(const std::vector<BlockKey>& keys, const char* why) {
+  if (keys.empty()) return;
+  const int64_t n = resident_->Forget(keys);
+  if (n <= 0) return;
+  forgotten_ += n;
+  ForgottenCounter(why).Increment(static_cast<double>(n));
+  spdlog::info("worker: forgot {} resident blocks ({}) of cache server {}", n, why,
+               options_.cache_address);
 }
 
 void ResidentSync::SendTouches() {
