@@ -148,6 +148,18 @@ int64_t ResidentBlocks::Forget(std::span<const BlockKey> keys) {
   return n;
 }
 
+int64_t ResidentBlocks::MarkUnsaved(std::span<const BlockKey> keys) {
+  absl::MutexLock lock(&mu_);
+  int64_t n = 0;
+  for (const BlockKey& key : keys) {
+    auto it = blocks_.find(key);
+    if (it == blocks_.end() || it->second.forgotten || !it->second.saved) continue;
+    it->second.saved = false;
+    ++n;
+  }
+  return n;
+}
+
 void ResidentBlocks::LetGoLocked(BlockKey key) {
   auto it = blocks_.find(key);
   if (it->second.forgotten) {

@@ -23,7 +23,8 @@
 //
 // Thread safety: every method locks; the ones that move a sequence's pages (Acquire,
 // EnsureCapacity, Publish, Release, Discard) are meant for one thread, the worker's loop, which
-// owns the tables. DropIdle, Forget, the counters, TakeChanges and Keys may be called from any.
+// owns the tables. DropIdle, Forget, MarkUnsaved, the counters, TakeChanges, Keys and SavedKeys
+// may be called from any.
 #pragma once
 
 #include <cstdint>
@@ -82,6 +83,9 @@ class ResidentBlocks {
   // server): an idle one's page goes back now; a held one is found by no later Acquire and its
   // page goes back when its last holder releases it. Returns how many were resident.
   int64_t Forget(std::span<const BlockKey> keys);
+  // Marks the resident blocks of `keys` as not in the cache server (it restarted without them),
+  // so the next sequence that takes them saves them again. Returns how many were marked.
+  int64_t MarkUnsaved(std::span<const BlockKey> keys);
 
   int64_t resident_blocks() const;  // held + idle
   int64_t idle_blocks() const;

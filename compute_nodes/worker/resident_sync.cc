@@ -90,9 +90,9 @@ bool ResidentSync::FollowStream(grpc::ClientContext& context,
   request.set_digest_interval_ms(24 * 3600 * 1000);  // only the first one, on connecting
   std::unique_ptr<grpc::ClientReaderInterface<v1::KvEventBatch>> reader =
       stub.SubscribeEvents(&context, request);
-  // When resuming, the keys the first digest lists, kept until the first replayed event shows
-  // whether the server still had every event since the resume point (if not, they decide what
-  // is gone: a resync).
+  // The keys the first digest lists, when they may be needed: resuming, until the first replayed
+  // event shows whether the server still had every event since the resume point (if not, they
+  // decide what is gone: a resync); after a restart, to tell which saved blocks it lost.
   bool digest_done = false, check_gap = false, restarted = false;
   absl::flat_hash_set<BlockKey> listed;
   v1::KvEventBatch batch;
@@ -103,7 +103,7 @@ bool ResidentSync::FollowStream(grpc::ClientContext& context,
         if (digest_done) continue;  // periodic ones (off here)
         const v1::KvEvent::Digest& d = event.digest();
         const bool resuming = next_sequence_ > 0 && d.epoch() == epoch_;
-        if (resuming) {
+        if (resuming || epoch_ != 0) {
           for (const std::string& bytes : d.keys()) {
             if (BlockKey key; ParseKey(bytes, &key)) listed.insert(key);
           }
@@ -116,11 +116,21 @@ bool ResidentSync::FollowStream(grpc::ClientContext& context,
           epoch_ = d.epoch();
           next_sequence_ = event.sequence() + 1;
           if (restarted) {
-            spdlog::info("worker: cache server {} restarted; following its events from its digest",
-                         options_.cache_address);
+            // What it lost is saved again by the next sequence that takes it.
+            std::vector<BlockKey> lost;
+            for (const BlockKey& key : resident_->SavedKeys()) {
+              if (!listed.contains(key)) lost.push_back(key);
+            }
+            const int64_t unsaved = resident_->MarkUnsaved(lost);
+            unsaved_ += unsaved;
+            spdlog::info(
+                "worker: cache server {} restarted ({} resident blocks to save again); following "
+                "its events from its digest",
+                options_.cache_address, unsaved);
             context.TryCancel();
             break;
           }
+          listed = {};
         } else {
           check_gap = event.sequence() >= next_sequence_;
           if (!check_gap) listed.clear();

@@ -11,8 +11,9 @@
 //     digest the stream starts with stands in: the saved resident blocks it does not list are
 //     forgotten (a resync; this may also drop blocks evicted only to make room, or saved while
 //     the digest was taken: they are computed or fetched again). A restarted server (a new epoch
-//     in its digest) is followed from its digest on; an eviction between its start and the
-//     worker's reconnection is not seen.
+//     in its digest) is followed from its digest on, and the saved resident blocks it no longer
+//     has are marked unsaved, so they are saved to it again when next used; an eviction between
+//     its start and the worker's reconnection is not seen.
 //   - Touches: every `touch_interval` it sends the server the keys the pool handed out since the
 //     last time (CacheControl.Touch), so the server's LRU sees those hits too. Otherwise the
 //     blocks the workers serve most, whose hits never reach the server, would look coldest there
@@ -52,6 +53,8 @@ class ResidentSync {
   int64_t forgotten() const { return forgotten_.load(); }
   // Resyncs: reconnections after the server's event ring had moved past the resume point.
   int64_t resyncs() const { return resyncs_.load(); }
+  // Saved resident blocks marked unsaved because a restarted server had lost them.
+  int64_t unsaved() const { return unsaved_.load(); }
   // Event streams opened whose first digest arrived whole.
   int64_t subscriptions() const { return subscriptions_.load(); }
   // Keys the server confirmed touched.
@@ -71,6 +74,7 @@ class ResidentSync {
   ResidentBlocks* const resident_;
   std::atomic<int64_t> forgotten_{0};
   std::atomic<int64_t> resyncs_{0};
+  std::atomic<int64_t> unsaved_{0};
   std::atomic<int64_t> subscriptions_{0};
   // The events thread's place in the server's log: the sequence to resume from (0: from now)
   // and the epoch that sequence belongs to (0: none yet).

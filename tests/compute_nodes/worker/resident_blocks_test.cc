@@ -255,5 +255,30 @@ TEST(ResidentBlocksTest, TheChangeLogNamesParentsAndOverflowsIntoADigest) {
   EXPECT_LE(resident.resident_blocks(), 4);
 }
 
+// SavedKeys lists what is known to be in the cache server; MarkUnsaved takes that back (the server
+// restarted without them), so the next holder saves them again.
+TEST(ResidentBlocksTest, BlocksMarkedUnsavedAreReportedUnsaved) {
+  runtime::HostKvPool pool(Layout(), 8);
+  ResidentBlocks resident(pool);
+  runtime::PageTable a;
+  ASSERT_TRUE(resident.EnsureCapacity(a, 12).ok());
+  const std::vector<BlockKey> keys = Keys(0, 3);
+  resident.Release(keys, /*saved=*/2, a);
+  std::vector<BlockKey> saved_keys = resident.SavedKeys();
+  std::sort(saved_keys.begin(), saved_keys.end());
+  EXPECT_EQ(saved_keys, Keys(0, 2));
+
+  const std::vector<BlockKey> first = {Key(0), Key(2), Key(7)};
+  EXPECT_EQ(resident.MarkUnsaved(first), 1) << "Key(2) was not saved, Key(7) is not resident";
+  EXPECT_EQ(resident.SavedKeys(), std::vector<BlockKey>{Key(1)});
+  runtime::PageTable b;
+  int64_t saved = -1;
+  EXPECT_EQ(resident.Acquire(keys, &b, &saved), 3);
+  EXPECT_EQ(saved, 0) << "the run of saved blocks now ends at the first";
+  resident.Release(keys, 0, b);
+  EXPECT_EQ(resident.DropIdle(), 3);
+  EXPECT_EQ(pool.free_pages(), 8);
+}
+
 }  // namespace
 }  // namespace strata::worker

@@ -2,7 +2,8 @@
 // BlockStore in this process) whose gRPC endpoint goes away and comes back: operator evictions
 // made while the worker's event stream was down are replayed from the sequence it resumes at;
 // when the server's event ring has moved past it, the digest stands in (a resync); a restarted
-// server (a new store: a new epoch) is followed from its digest.
+// server (a new store: a new epoch) is followed from its digest, and what it lost is to be saved
+// again.
 #include "compute_nodes/worker/resident_sync.h"
 
 #include <grpcpp/grpcpp.h>
@@ -113,6 +114,15 @@ class ResidentSyncTest : public ::testing::Test {
     return hit;
   }
 
+  // How many of `keys`, from the first, are resident and known to be in the cache server.
+  int64_t SavedRun(const std::vector<BlockKey>& keys) {
+    runtime::PageTable table;
+    int64_t saved = 0;
+    const int64_t hit = resident_.Acquire(keys, &table, &saved);
+    resident_.Release(std::span<const BlockKey>(keys).first(hit), saved, table);
+    return saved;
+  }
+
   void StartSync() {
     sync_ = std::make_unique<ResidentSync>(
         ResidentSyncOptions{.cache_address = "127.0.0.1:" + std::to_string(port_),
@@ -192,7 +202,7 @@ TEST_F(ResidentSyncTest, ARestartedServerIsFollowedFromItsDigest) {
   Serve();
   const std::vector<BlockKey> a = PutAndKeep(Chain(ns_, 3, 1));
   StartSync();
-  EvictByOperator({a[2]});  // the old log reaches sequence 5 (3 stored, 1 evicted... and more)
+  EvictByOperator({a[2]});
   ASSERT_TRUE(Eventually([&] { return sync_->forgotten() == 1; }));
 
   // A new store on the same port: a new epoch, whose sequences start again from 1.
@@ -202,12 +212,16 @@ TEST_F(ResidentSyncTest, ARestartedServerIsFollowedFromItsDigest) {
   Serve();
   ASSERT_TRUE(Eventually([&] { return sync_->subscriptions() >= 3; }))
       << "the stream opened at the old sequence is re-opened from the new digest";
+  // The new server has none of a's blocks: they are to be saved again when next used.
+  EXPECT_EQ(sync_->unsaved(), 2);
+  EXPECT_EQ(SavedRun({a[0], a[1]}), 0);
   const std::vector<BlockKey> c = PutAndKeep(Chain(ns_, 2, 4));
   EvictByOperator({c[1]});
   ASSERT_TRUE(Eventually([&] { return sync_->forgotten() == 2; }))
       << "an eviction at a low sequence of the new log must be seen";
   EXPECT_FALSE(Resident(c[1]));
   EXPECT_TRUE(Resident(a[0])) << "a restart alone forgets nothing";
+  EXPECT_EQ(SavedRun({c[0]}), 1) << "put to the new server: saved";
   EXPECT_EQ(sync_->resyncs(), 0);
 }
 
