@@ -22,6 +22,7 @@
 #include "scheduler/server/scheduler_server.h"
 #include "tests/scheduler/http_test_client.h"
 #include "tests/util/child_process.h"
+#include "tests/util/http_get.h"
 #include "tests/util/subprocess.h"
 
 namespace strata::scheduler {
@@ -66,16 +67,34 @@ class SchedulerClusterTest : public testing::Test {
     return p;
   }
 
+  // `http`: serve /metrics on a loopback port (ChildProcess::http_port()).
   std::unique_ptr<ChildProcess> StartWorker(const std::string& name, const std::string& role,
                                             const std::string& cache_address,
-                                            const std::string& scheduler_address) {
+                                            const std::string& scheduler_address,
+                                            bool http = false) {
     auto p = std::make_unique<ChildProcess>();
     p->Start({testing_util::StrataBinaryPath(), "worker", "--role", role, "--model", model_dir_,
               "--set", "worker.node_id=" + name, "--set", "worker.listen=127.0.0.1:0", "--set",
-              "worker.http_listen=", "--set", "worker.cache_address=" + cache_address, "--set",
+              std::string("worker.http_listen=") + (http ? "127.0.0.1:0" : ""), "--set",
+              "worker.cache_address=" + cache_address, "--set",
               "worker.scheduler_address=" + scheduler_address, "--set", "log.level=warn"},
              dir_ + "/" + name + ".ready");
     return p;
+  }
+
+  // Waits until no node has work the scheduler placed or a heartbeat reported.
+  static bool WaitForIdle(SchedulerServer& server) {
+    for (int i = 0; i < 600; ++i) {
+      bool idle = true;
+      for (const NodeView& v : server.scheduler().load().Snapshot()) {
+        idle = idle && v.outstanding.decode_requests == 0 && v.outstanding.prefill_requests == 0 &&
+               v.load.running_requests == 0 && v.load.decode_batch_size == 0 &&
+               v.load.running_tokens == 0;
+      }
+      if (idle) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return false;
   }
 
   std::unique_ptr<SchedulerServer> StartScheduler(const std::string& policy,
@@ -224,6 +243,75 @@ TEST_F(SchedulerClusterTest, FollowUpsGoToTheWorkerWhosePoolHoldsThePrefix) {
     const int cached = usage["prompt_tokens_details"]["cached_tokens"].get<int>();
     EXPECT_GT(cached, 0) << again.body;
     EXPECT_EQ(usage["strata"]["cached_tokens_by_tier"]["gpu"].get<int>(), cached) << again.body;
+  }
+}
+
+// Decode placement prefers, among decode nodes within 5 % of the best predicted TBT, the one whose
+// own pool holds the prompt. A long request keeps one decode node busy while a topic's first
+// request arrives, so that one goes to the other node (a lower predicted TBT). Once both are idle
+// they tie, and without the preference the follow-up would go to the node that won the tie
+// before (the one the long request took); it must go where the topic's blocks are resident.
+TEST_F(SchedulerClusterTest, DecodeFollowUpsGoWhereThePromptIsResident) {
+  auto cache = StartCache();
+  auto server = StartScheduler("strata");
+  const std::string sched = "127.0.0.1:" + std::to_string(server->grpc_port());
+  auto prefill = StartWorker("prefill-0", "prefill", cache->grpc_address(), sched);
+  std::array<std::unique_ptr<ChildProcess>, 2> decode = {
+      StartWorker("decode-0", "decode", cache->grpc_address(), sched, /*http=*/true),
+      StartWorker("decode-1", "decode", cache->grpc_address(), sched, /*http=*/true)};
+  ASSERT_TRUE(WaitForNodes(*server, 3));
+  const uint16_t port = static_cast<uint16_t>(server->http_port());
+  auto metric = [&](int d, const std::string& name, const std::string& labels = "") {
+    return testing_util::MetricSum(decode[d]->http_port(), name, labels);
+  };
+  // Requests decode node d has finished, once it reaches `want` (a worker counts a request just
+  // after its last chunk is sent) or after 5 s.
+  auto served_by = [&](int d, double want) {
+    double got = metric(d, "strata_worker_requests_total");
+    for (int i = 0; i < 250 && got < want; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      got = metric(d, "strata_worker_requests_total");
+    }
+    return got;
+  };
+  for (int topic = 0; topic < 2; ++topic) {
+    SCOPED_TRACE("topic " + std::to_string(topic));
+    ASSERT_TRUE(WaitForIdle(*server));
+    const std::array<double, 2> served = {metric(0, "strata_worker_requests_total"),
+                                          metric(1, "strata_worker_requests_total")};
+    std::thread long_request([&] {
+      auto r = Post(port, "/v1/completions",
+                    Completion("Tell me a very long story, part " + std::to_string(topic), 1200));
+      EXPECT_EQ(r.status, 200) << r.body;
+    });
+    int busy = -1;
+    for (int i = 0; i < 300 && busy < 0; ++i) {
+      for (int d = 0; d < 2; ++d) {
+        if (metric(d, "strata_worker_running_requests") > 0) busy = d;
+      }
+      if (busy < 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    ASSERT_GE(busy, 0) << "the long request never started decoding";
+    const int other = 1 - busy;
+    const std::string prefix = "Topic " + std::to_string(topic) + ". ";
+    auto first = Post(port, "/v1/completions", Completion(prefix + LongPrompt("First?"), 2));
+    ASSERT_EQ(first.status, 200) << first.body;
+    EXPECT_EQ(served_by(other, served[other] + 1), served[other] + 1)
+        << "the idle decode node should take the first request";
+    long_request.join();
+    ASSERT_TRUE(WaitForIdle(*server));
+    // The decode node's resident blocks reach the index within a publish interval (200 ms).
+    std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+    const double resident_before =
+        metric(other, "strata_worker_prompt_tokens_total", "source=\"resident\"");
+    auto again = Post(port, "/v1/completions", Completion(prefix + LongPrompt("Second!"), 2));
+    ASSERT_EQ(again.status, 200) << again.body;
+    EXPECT_EQ(served_by(other, served[other] + 2), served[other] + 2)
+        << "the follow-up should decode where the topic is resident";
+    EXPECT_EQ(served_by(busy, served[busy] + 1), served[busy] + 1) << "the long request only";
+    EXPECT_GT(metric(other, "strata_worker_prompt_tokens_total", "source=\"resident\""),
+              resident_before)
+        << "and take the handed-over prefix from its own pool";
   }
 }
 
