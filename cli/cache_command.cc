@@ -62,6 +62,7 @@ absl::StatusOr<cache::CacheServerOptions> ToServerOptions(const StrataConfig& co
   if (!policy.ok()) return policy.status();
   s.write_policy = *policy;
   s.lease_ttl = c.lease_ttl;
+  s.event_capacity = static_cast<size_t>(c.event_log);
   for (const std::string& q : c.tenant_quotas) {
     const size_t eq = q.rfind('=');
     if (eq == std::string::npos || eq == 0) {

@@ -107,6 +107,10 @@ void CacheSection::Register(ConfigSchema& schema) {
                      "How long a lease lives without KeepAlive (a dead client's slots come back)");
   schema.AddDuration("cache.digest_interval", &digest_interval,
                      "Period of the full-state digest on KV event streams");
+  schema.AddInt("cache.event_log", &event_log,
+                "KV events kept for subscribers that resume from a sequence (workers following "
+                "evictions); one that falls further behind resyncs from the digest",
+                1, int64_t{1} << 24);
   schema.AddStringList("cache.tenant_quotas", &tenant_quotas,
                        "Per-tenant byte quotas, tenant=size (e.g. acme=100GiB)");
 }

@@ -62,6 +62,7 @@ struct CacheSection {
   std::string write_policy = "write_through";
   absl::Duration lease_ttl = absl::Seconds(10);
   absl::Duration digest_interval = absl::Seconds(30);
+  int64_t event_log = 65536;  // KV events kept for subscribers that resume
   std::vector<std::string> tenant_quotas;  // "tenant=bytes", e.g. "acme=100GiB"
 
   void Register(ConfigSchema& schema);
