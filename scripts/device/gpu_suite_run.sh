@@ -86,6 +86,8 @@ if [ -n "$port" ]; then
     [ "$(head -1 $OUT/gen_resident1.txt)" = "$(head -1 $OUT/gen_resident$k.txt)" ] \
       && echo "resident run $k equal" || echo "resident run $k DIFFERS"
   done
+  # TTFT cold (run 1) and with the prefix in the worker's pool (run 2).
+  for k in 1 2; do echo "resident run $k: $(tail -1 $OUT/gen_resident$k.txt | cut -c1-150)"; done
   hport=$(sed -n 's/.*http=\([0-9]*\).*/\1/p' /tmp/gpu-suite-ready 2>/dev/null)
   python3 -c "import urllib.request; print([l for l in urllib.request.urlopen('http://127.0.0.1:$hport/metrics').read().decode().splitlines() if 'source=\"resident\"' in l or l.startswith('strata_worker_resident_blocks')])" 2>&1
 fi
