@@ -300,8 +300,15 @@ TEST_F(SchedulerClusterTest, DecodeFollowUpsGoWhereThePromptIsResident) {
         << "the idle decode node should take the first request";
     long_request.join();
     ASSERT_TRUE(WaitForIdle(*server));
-    // The decode node's resident blocks reach the index within a publish interval (200 ms).
-    std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+    // The decode node's resident blocks reach the index within a publish interval (200 ms): wait
+    // until the index has stopped changing for 600 ms (and at least 1 s).
+    uint64_t holders = server->scheduler().index().Stats().holders;
+    for (int i = 0, still = 0; i < 100 && (i < 5 || still < 3); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      const uint64_t now = server->scheduler().index().Stats().holders;
+      still = now == holders ? still + 1 : 0;
+      holders = now;
+    }
     const double resident_before =
         metric(other, "strata_worker_prompt_tokens_total", "source=\"resident\"");
     auto again = Post(port, "/v1/completions", Completion(prefix + LongPrompt("Second!"), 2));
