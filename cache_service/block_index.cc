@@ -109,17 +109,15 @@ absl::Status BlockIndex::ForEach(
   std::unique_ptr<rocksdb::Iterator> it(
       impl_->db->NewIterator(rocksdb::ReadOptions(), impl_->blocks));
   for (it->SeekToFirst(); it->Valid(); it->Next()) {
-    BlockKey key;
-    const rocksdb::Slice k = it->key();
-    if (k.size() != key.bytes.size()) {
-      corrupt(key, absl::DataLossError("index key of the wrong length"));
+    const std::optional<BlockKey> key = BlockKey::FromBytes(it->key().ToStringView());
+    if (!key.has_value()) {
+      corrupt(BlockKey{}, absl::DataLossError("index key of the wrong length"));
       continue;
     }
-    std::memcpy(key.bytes.data(), k.data(), k.size());
     absl::StatusOr<BlockRecord> record =
-        DecodeBlockRecord(key, std::string_view(it->value().data(), it->value().size()));
+        DecodeBlockRecord(*key, std::string_view(it->value().data(), it->value().size()));
     if (!record.ok()) {
-      corrupt(key, record.status());
+      corrupt(*key, record.status());
       continue;
     }
     RETURN_IF_ERROR(fn(*std::move(record)));
@@ -132,10 +130,9 @@ absl::StatusOr<std::vector<std::pair<BlockKey, std::string>>> BlockIndex::Quaran
   std::unique_ptr<rocksdb::Iterator> it(
       impl_->db->NewIterator(rocksdb::ReadOptions(), impl_->quarantine));
   for (it->SeekToFirst(); it->Valid(); it->Next()) {
-    BlockKey key;
-    if (it->key().size() != key.bytes.size()) continue;
-    std::memcpy(key.bytes.data(), it->key().data(), key.bytes.size());
-    out.emplace_back(key, it->value().ToString());
+    const std::optional<BlockKey> key = BlockKey::FromBytes(it->key().ToStringView());
+    if (!key.has_value()) continue;
+    out.emplace_back(*key, it->value().ToString());
   }
   RETURN_IF_ERROR(FromRocks(it->status(), "iterating quarantine"));
   return out;

@@ -9,15 +9,6 @@
 #include "spdlog/spdlog.h"
 
 namespace strata::cache {
-namespace {
-
-bool KeyFromBytes(const std::string& bytes, BlockKey* key) {
-  if (bytes.size() != key->bytes.size()) return false;
-  std::memcpy(key->bytes.data(), bytes.data(), bytes.size());
-  return true;
-}
-
-}  // namespace
 
 void StoreImpl::FillInfo(const Entry& e, v1::BlockInfo* info) const {
   info->set_key(std::string(e.rec.key.View()));
@@ -134,19 +125,19 @@ std::vector<BlockKey> StoreImpl::SelectLocked(const v1::BlockSelector& selector,
   switch (selector.selector_case()) {
     case v1::BlockSelector::kKeys:
       for (const auto& bytes : selector.keys().keys()) {
-        BlockKey key;
-        if (KeyFromBytes(bytes, &key) && blocks_.contains(key)) {
-          out.push_back(key);
+        if (std::optional<BlockKey> key = BlockKey::FromBytes(bytes);
+            key.has_value() && blocks_.contains(*key)) {
+          out.push_back(*key);
         } else if (missing) {
           ++*missing;
         }
       }
       break;
     case v1::BlockSelector::kTokenPrefix: {
-      Namespace ns;
       const auto& tp = selector.token_prefix();
-      if (tp.namespace_id().size() != ns.bytes.size()) break;
-      std::memcpy(ns.bytes.data(), tp.namespace_id().data(), ns.bytes.size());
+      const std::optional<Namespace> parsed = Namespace::FromBytes(tp.namespace_id());
+      if (!parsed.has_value()) break;
+      const Namespace& ns = *parsed;
       // The chain's blocks are keyed by the namespace's block size; find it from any block of
       // the namespace is not possible, so try the default and every power of two that fits.
       std::vector<uint32_t> tokens(tp.tokens().begin(), tp.tokens().end());

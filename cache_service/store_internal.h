@@ -65,21 +65,19 @@ struct StoreImpl::Metrics {
 namespace store_internal {
 
 inline absl::StatusOr<BlockKey> ToKey(const std::string& bytes) {
-  BlockKey key;
-  if (bytes.size() != key.bytes.size()) {
+  std::optional<BlockKey> key = BlockKey::FromBytes(bytes);
+  if (!key.has_value()) {
     return absl::InvalidArgumentError(StrCat("block key of ", bytes.size(), " bytes, want 16"));
   }
-  std::memcpy(key.bytes.data(), bytes.data(), bytes.size());
-  return key;
+  return *key;
 }
 
 inline absl::StatusOr<Namespace> ToNamespace(const std::string& bytes) {
-  Namespace ns;
-  if (bytes.size() != ns.bytes.size()) {
+  std::optional<Namespace> ns = Namespace::FromBytes(bytes);
+  if (!ns.has_value()) {
     return absl::InvalidArgumentError(StrCat("namespace of ", bytes.size(), " bytes, want 32"));
   }
-  std::memcpy(ns.bytes.data(), bytes.data(), bytes.size());
-  return ns;
+  return *ns;
 }
 
 inline void SetItem(v1::ItemStatus* item, const absl::Status& st) {

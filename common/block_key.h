@@ -14,6 +14,8 @@
 #include <array>
 #include <compare>
 #include <cstdint>
+#include <cstring>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -54,6 +56,14 @@ struct HashBytes {
   std::string Hex() const;
   std::string_view View() const {
     return {reinterpret_cast<const char*>(bytes.data()), bytes.size()};
+  }
+  // The value whose bytes are exactly `raw` (what View() gives, e.g. a proto `bytes` field);
+  // nullopt for any other length.
+  static std::optional<HashBytes> FromBytes(std::string_view raw) {
+    if (raw.size() != N) return std::nullopt;
+    HashBytes h;
+    std::memcpy(h.bytes.data(), raw.data(), N);
+    return h;
   }
   auto operator<=>(const HashBytes&) const = default;
 

@@ -14,13 +14,12 @@ absl::Status ParseKeys(const google::protobuf::RepeatedPtrField<std::string>& ra
   keys.clear();
   keys.reserve(raw.size());
   for (const std::string& bytes : raw) {
-    BlockKey key;
-    if (bytes.size() != key.bytes.size()) {
+    std::optional<BlockKey> key = BlockKey::FromBytes(bytes);
+    if (!key.has_value()) {
       return absl::InvalidArgumentError(
-          StrCat("block key of ", bytes.size(), " bytes (expected ", key.bytes.size(), ")"));
+          StrCat("block key of ", bytes.size(), " bytes (expected ", sizeof(BlockKey), ")"));
     }
-    std::copy(bytes.begin(), bytes.end(), key.bytes.begin());
-    keys.push_back(key);
+    keys.push_back(*key);
   }
   return absl::OkStatus();
 }

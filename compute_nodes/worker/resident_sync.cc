@@ -15,12 +15,6 @@ namespace {
 
 constexpr int kTouchKeysPerCall = 4096;
 
-bool ParseKey(const std::string& bytes, BlockKey* key) {
-  if (bytes.size() != key->bytes.size()) return false;
-  std::copy(bytes.begin(), bytes.end(), key->bytes.begin());
-  return true;
-}
-
 Counter& ForgottenCounter(const std::string& why) {
   static MetricFamily<Counter>& family = MetricsRegistry::Default().AddCounter(
       "strata_worker_resident_forgotten_total",
@@ -105,7 +99,7 @@ bool ResidentSync::FollowStream(grpc::ClientContext& context,
         const bool resuming = next_sequence_ > 0 && d.epoch() == epoch_;
         if (resuming || epoch_ != 0) {
           for (const std::string& bytes : d.keys()) {
-            if (BlockKey key; ParseKey(bytes, &key)) listed.insert(key);
+            if (auto key = BlockKey::FromBytes(bytes)) listed.insert(*key);
           }
         }
         if (!d.last_page()) continue;
@@ -160,7 +154,7 @@ bool ResidentSync::FollowStream(grpc::ClientContext& context,
       }
       keys.clear();
       for (const std::string& bytes : event.evicted().keys()) {
-        if (BlockKey key; ParseKey(bytes, &key)) keys.push_back(key);
+        if (auto key = BlockKey::FromBytes(bytes)) keys.push_back(*key);
       }
       ForgetBlocks(keys, "operator");
     }

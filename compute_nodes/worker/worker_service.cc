@@ -111,11 +111,12 @@ absl::StatusOr<RequestSpec> WorkerService::MakeSpec(const Common& c, RequestKind
   }
   spec.tenant = c.cache.tenant();
   if (!c.cache.namespace_id().empty()) {
-    if (c.cache.namespace_id().size() != Namespace{}.bytes.size()) {
+    const std::optional<Namespace> ns = Namespace::FromBytes(c.cache.namespace_id());
+    if (!ns.has_value()) {
       return absl::InvalidArgumentError(
           StrCat("cache.namespace_id has ", c.cache.namespace_id().size(), " bytes, not 32"));
     }
-    std::memcpy(spec.ns.bytes.data(), c.cache.namespace_id().data(), spec.ns.bytes.size());
+    spec.ns = *ns;
     // The plan names blocks as this worker would for the tenant, or it was made for another
     // model, block size or cache codec: its blocks would be stored under names no reader of this
     // kind asks for (or read in a layout this worker does not write).

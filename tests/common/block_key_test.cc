@@ -127,6 +127,11 @@ TEST(BlockKeyTest, ValidatesFormatAndParsesHex) {
   auto key = ParseBlockKey("09A397DE55797467B802C14C9B6BC724");
   ASSERT_TRUE(key.ok());
   EXPECT_EQ(key->Hex(), "09a397de55797467b802c14c9b6bc724");
+  // Raw bytes (a proto `bytes` field) round-trip through View(); any other length is refused.
+  EXPECT_EQ(BlockKey::FromBytes(key->View()), *key);
+  EXPECT_FALSE(BlockKey::FromBytes(key->View().substr(1)).has_value());
+  EXPECT_FALSE(BlockKey::FromBytes(std::string(17, 'x')).has_value());
+  EXPECT_FALSE(Namespace::FromBytes(key->View()).has_value());
 }
 
 TEST(ChecksumTest, StreamingEqualsOneShot) {
