@@ -15,6 +15,16 @@ namespace {
 
 constexpr int kTouchKeysPerCall = 4096;
 
+// The resident blocks known to be in the cache server that its digest does not list.
+std::vector<BlockKey> SavedNotListed(const ResidentBlocks& resident,
+                                     const absl::flat_hash_set<BlockKey>& listed) {
+  std::vector<BlockKey> out;
+  for (const BlockKey& key : resident.SavedKeys()) {
+    if (!listed.contains(key)) out.push_back(key);
+  }
+  return out;
+}
+
 Counter& ForgottenCounter(const std::string& why) {
   static MetricFamily<Counter>& family = MetricsRegistry::Default().AddCounter(
       "strata_worker_resident_forgotten_total",
@@ -111,11 +121,7 @@ bool ResidentSync::FollowStream(grpc::ClientContext& context,
           next_sequence_ = event.sequence() + 1;
           if (restarted) {
             // What it lost is saved again by the next sequence that takes it.
-            std::vector<BlockKey> lost;
-            for (const BlockKey& key : resident_->SavedKeys()) {
-              if (!listed.contains(key)) lost.push_back(key);
-            }
-            const int64_t unsaved = resident_->MarkUnsaved(lost);
+            const int64_t unsaved = resident_->MarkUnsaved(SavedNotListed(*resident_, listed));
             unsaved_ += unsaved;
             spdlog::info(
                 "worker: cache server {} restarted ({} resident blocks to save again); following "
@@ -135,10 +141,7 @@ bool ResidentSync::FollowStream(grpc::ClientContext& context,
         check_gap = false;
         if (event.sequence() > next_sequence_) {
           ++resyncs_;
-          std::vector<BlockKey> gone;
-          for (const BlockKey& key : resident_->SavedKeys()) {
-            if (!listed.contains(key)) gone.push_back(key);
-          }
+          const std::vector<BlockKey> gone = SavedNotListed(*resident_, listed);
           spdlog::warn(
               "worker: events {}..{} of cache server {} are gone from its log; resynced from its "
               "digest",
