@@ -54,26 +54,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int head0 = blockIdx.x * kHeads, split = blockIdx.y, b = blockIdx.z;
-  const int seqlen = max(0, min(p.seqlens[b], p.max_pages_per_seq * kMlaPageSize));
-  const int num_tiles = (seqlen + kTile - 1) / kTile;
-  const int per_split = (num_tiles + p.num_splits - 1) / p.num_splits;
-  const int tile_begin = min(num_tiles, split * per_split);
-  const int n = min(num_tiles, tile_begin + per_split) - tile_begin;
-
-  if (tid == 0) {
-    MbarInit(q_full, 1);
-    for (int s = 0; s < kStages; ++s) {
-      MbarInit(&full[s], 1);
-      MbarInit(&empty[s], kConsumerThreads);
-    }
-    FenceBarrierInit();
-  }
-  __syncthreads();
-
-  if (warp >= kConsumerThreads / 32) {  // producer warpgroup: one warp issues, three idle
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
-    if (n == 0 || warp != kConsumerThreads / 32) return;
-    LoadQAndTiles(p, &q_map, &kv_map, sq, skv, q_full, full, empty, b, head0, tile_begin, n, lane);
+  const SplitTiles tiles = TilesOfSplit(p, split, b);
+  const int seqlen = tiles.seqlen, tile_begin = tiles.tile_begin, n = tiles.n;
+  InitBarriers(q_full, full, empty);
+  if (warp >= kConsumerThreads / 32) {
+    ProducerWarpgroup(p, &q_map, &kv_map, sq, skv, q_full, full, empty, b, head0, tiles);
     return;
   }
 

@@ -32,6 +32,34 @@ __device__ __forceinline__ uint8_t* AlignedSmem(uint8_t* raw) {
   return raw + ((1024 - (SmemAddr(raw) & 1023)) & 1023);
 }
 
+// The tiles [tile_begin, tile_begin + n) that split `split` of sequence b takes, and the
+// sequence's length (clamped to its block table).
+struct SplitTiles {
+  int seqlen, tile_begin, n;
+};
+
+__device__ __forceinline__ SplitTiles TilesOfSplit(const MlaDecodeParams& p, int split, int b) {
+  const int seqlen = max(0, min(p.seqlens[b], p.max_pages_per_seq * kMlaPageSize));
+  const int num_tiles = (seqlen + kTile - 1) / kTile;
+  const int per_split = (num_tiles + p.num_splits - 1) / p.num_splits;
+  const int tile_begin = min(num_tiles, split * per_split);
+  return {seqlen, tile_begin, min(num_tiles, tile_begin + per_split) - tile_begin};
+}
+
+// Thread 0 initialises Q's barrier and the ring's (full: the producer's transaction count, empty:
+// every consumer thread arrives); then the whole block syncs.
+__device__ __forceinline__ void InitBarriers(uint64_t* q_full, uint64_t* full, uint64_t* empty) {
+  if (threadIdx.x == 0) {
+    MbarInit(q_full, 1);
+    for (int s = 0; s < kStages; ++s) {
+      MbarInit(&full[s], 1);
+      MbarInit(&empty[s], kConsumerThreads);
+    }
+    FenceBarrierInit();
+  }
+  __syncthreads();
+}
+
 // The producer warp (lane 0 issues): Q once, then the split's tiles (one page each, 9 boxes of
 // 64 tokens x 64 dims) into stage i % 2, each after the consumers released that stage.
 __device__ __forceinline__ void LoadQAndTiles(const MlaDecodeParams& p, const CUtensorMap* q_map,
@@ -63,6 +91,20 @@ __device__ __forceinline__ void LoadQAndTiles(const MlaDecodeParams& p, const CU
       __syncwarp();
     }
   }
+}
+
+// The producer warpgroup of either kernel (threads kConsumerThreads..): hands its registers to
+// the consumers (setmaxnreg); its first warp fills the ring, the other three return.
+__device__ __forceinline__ void ProducerWarpgroup(const MlaDecodeParams& p,
+                                                  const CUtensorMap* q_map,
+                                                  const CUtensorMap* kv_map, uint8_t* sq,
+                                                  uint8_t* skv, uint64_t* q_full, uint64_t* full,
+                                                  uint64_t* empty, int b, int head0,
+                                                  const SplitTiles& tiles) {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
+  if (tiles.n == 0 || threadIdx.x / 32 != kConsumerThreads / 32) return;
+  LoadQAndTiles(p, q_map, kv_map, sq, skv, q_full, full, empty, b, head0, tiles.tile_begin, tiles.n,
+                threadIdx.x % 32);
 }
 
 // Zeroes the V rows past the sequence of one half of a tile's latent dims (boxes 4 half ..
