@@ -5,7 +5,10 @@
 //                        [--mla-heads 16,64,128]
 //
 // MLA decode: batch 128, bf16, every sequence s_k tokens long, pages in random order; the whole
-// call (split kernel + combine) timed with CUDA events, median of --iters after warm-up.
+// call (split kernel + combine) timed with CUDA events, median of --iters after warm-up; the
+// variants of a point (split counts, and each kernel by name) run in turns, one launch each per
+// round, so that clock changes under sustained load hit them alike, and each launch is queued
+// before the GPU reaches it (the events time device work, not the launcher's host work).
 // TB/s counts KV bytes + q + out; TFLOPS counts 2 * b * h_q * s_k * (576 + 512).
 //
 // Prefill attention: 4K-token prompts (and others), bf16, qk 192 / v 128, causal or one
@@ -19,8 +22,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -28,6 +33,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -75,27 +81,82 @@ absl::Status FillRandomBf16(void* dst, size_t bytes, uint32_t seed) {
   return absl::OkStatus();
 }
 
-// Median milliseconds of `fn` over `iters` event-timed runs after `warmup` runs.
-template <typename Fn>
-absl::StatusOr<double> MedianMs(Fn fn, int warmup, int iters) {
-  for (int i = 0; i < warmup; ++i) RETURN_IF_ERROR(fn());
-  cudaEvent_t start, stop;
-  CUDA_RETURN_IF_ERROR(cudaEventCreate(&start));
-  CUDA_RETURN_IF_ERROR(cudaEventCreate(&stop));
-  std::vector<double> ms;
-  for (int i = 0; i < iters; ++i) {
-    CUDA_RETURN_IF_ERROR(cudaEventRecord(start));
-    RETURN_IF_ERROR(fn());
-    CUDA_RETURN_IF_ERROR(cudaEventRecord(stop));
-    CUDA_RETURN_IF_ERROR(cudaEventSynchronize(stop));
-    float t = 0;
-    CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&t, start, stop));
-    ms.push_back(t);
+// Holds the stream at a host function until the host has enqueued a whole round, so that every
+// launch of the round is queued before the GPU reaches it: the events then time the device work
+// alone, not the launcher's host work (tensor maps, attributes: tens of microseconds, which a
+// launch onto an idle stream would add to its figure; a decode step replays a CUDA graph).
+class StreamGate {
+ public:
+  absl::Status Close() {
+    open_.store(false);
+    CUDA_RETURN_IF_ERROR(cudaLaunchHostFunc(nullptr, &StreamGate::Wait, this));
+    return absl::OkStatus();
   }
-  CUDA_RETURN_IF_ERROR(cudaEventDestroy(start));
-  CUDA_RETURN_IF_ERROR(cudaEventDestroy(stop));
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
+  void Open() { open_.store(true); }
+
+ private:
+  static void Wait(void* self) {
+    while (!static_cast<StreamGate*>(self)->open_.load()) std::this_thread::yield();
+  }
+  std::atomic<bool> open_{true};
+};
+
+// Median milliseconds of each of `fns` over `iters` rounds after `warmup` rounds; a round runs
+// every fn once, in turns, each timed by its own events on the default stream behind a
+// StreamGate, so the variants of one point meet the same clocks and none is timed with its
+// launcher's host work (timed one at a time onto an idle stream, the first of a round read up to
+// 9 % slower than the same kernel later in it on the H200).
+absl::StatusOr<std::vector<double>> MedianMsInTurns(
+    const std::vector<std::function<absl::Status()>>& fns, int warmup, int iters) {
+  for (int i = 0; i < warmup; ++i) {
+    for (const auto& fn : fns) RETURN_IF_ERROR(fn());
+  }
+  std::vector<cudaEvent_t> events(2 * fns.size(), nullptr);
+  absl::Status status = [&]() -> absl::Status {
+    for (cudaEvent_t& e : events) CUDA_RETURN_IF_ERROR(cudaEventCreate(&e));
+    return absl::OkStatus();
+  }();
+  StreamGate gate;
+  std::vector<std::vector<double>> ms(fns.size());
+  for (int i = 0; i < iters && status.ok(); ++i) {
+    status = [&]() -> absl::Status {
+      RETURN_IF_ERROR(gate.Close());
+      absl::Status enqueued = [&]() -> absl::Status {
+        for (size_t k = 0; k < fns.size(); ++k) {
+          CUDA_RETURN_IF_ERROR(cudaEventRecord(events[2 * k]));
+          RETURN_IF_ERROR(fns[k]());
+          CUDA_RETURN_IF_ERROR(cudaEventRecord(events[2 * k + 1]));
+        }
+        return absl::OkStatus();
+      }();
+      gate.Open();  // on every path: the stream waits for it
+      RETURN_IF_ERROR(enqueued);
+      CUDA_RETURN_IF_ERROR(cudaEventSynchronize(events.back()));
+      for (size_t k = 0; k < fns.size(); ++k) {
+        float t = 0;
+        CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&t, events[2 * k], events[2 * k + 1]));
+        ms[k].push_back(t);
+      }
+      return absl::OkStatus();
+    }();
+  }
+  if (!status.ok()) (void)cudaDeviceSynchronize();  // the gate is open; drain before destroying
+  for (cudaEvent_t e : events) {
+    if (e != nullptr) (void)cudaEventDestroy(e);
+  }
+  RETURN_IF_ERROR(status);
+  std::vector<double> medians;
+  for (std::vector<double>& v : ms) {
+    std::sort(v.begin(), v.end());
+    medians.push_back(v[v.size() / 2]);
+  }
+  return medians;
+}
+
+// Median milliseconds of `fn` over `iters` event-timed runs after `warmup` runs.
+absl::StatusOr<double> MedianMs(std::function<absl::Status()> fn, int warmup, int iters) {
+  ASSIGN_OR_RETURN(const std::vector<double> ms, MedianMsInTurns({std::move(fn)}, warmup, iters));
+  return ms[0];
 }
 
 // FlashMLA on an H200 of this workplace (issue #9): TB/s for h_q 16/64, TFLOPS for h_q 128.
@@ -165,56 +226,59 @@ absl::Status BenchMlaDecode(int iters, const std::vector<int>& heads_q, nlohmann
       std::vector<int> candidates = {chosen, 1, 2, 3, 4, 6, 8};
       std::sort(candidates.begin(), candidates.end());
       candidates.erase(std::unique(candidates.begin(), candidates.end()), candidates.end());
+      // Every variant of the point, timed in turns: kAuto at each split count, and where kAuto
+      // takes a Hopper kernel, the mma.sync kernel at its own split choice and both Hopper
+      // kernels by name at the chosen splits.
+      std::vector<std::string> names;
+      std::vector<std::function<absl::Status()>> launches;
+      auto add = [&](std::string name, int splits, kernels::MlaDecodeImpl impl) {
+        MlaDecodeParams v = p;
+        v.num_splits = splits;
+        v.impl = impl;
+        v.o_accum = nullptr;
+        v.lse_accum = nullptr;
+        kernels::MlaDecodeSetWorkspace(v, ws.ptr);
+        names.push_back(std::move(name));
+        launches.push_back([v] { return kernels::LaunchMlaDecode(v, nullptr); });
+      };
+      for (int splits : candidates) {
+        add(std::to_string(splits), splits, kernels::MlaDecodeImpl::kAuto);
+      }
+      const bool hopper = kernels::MlaDecodeSm90Applies(p.kv_dtype);
+      if (hopper) {
+        add("mma.sync",
+            kernels::MlaDecodeNumSplits(kBatch, h_q, s_k, num_sms, kernels::MlaKvDtype::kBf16,
+                                        kernels::MlaDecodeImpl::kMmaSync),
+            kernels::MlaDecodeImpl::kMmaSync);
+        add("sm90", chosen, kernels::MlaDecodeImpl::kSm90);
+        add("alternate", chosen, kernels::MlaDecodeImpl::kSm90Alternate);
+      }
+      ASSIGN_OR_RETURN(const std::vector<double> ms, MedianMsInTurns(launches, 3, iters));
       nlohmann::json sweep = nlohmann::json::object();
       double chosen_ms = 0, best_ms = 1e30;
       int best_splits = chosen;
       std::string sweep_text;
-      for (int splits : candidates) {
-        p.num_splits = splits;
-        p.o_accum = nullptr;
-        p.lse_accum = nullptr;
-        kernels::MlaDecodeSetWorkspace(p, ws.ptr);
-        ASSIGN_OR_RETURN(const double ms,
-                         MedianMs([&] { return kernels::LaunchMlaDecode(p, nullptr); }, 3, iters));
-        sweep[std::to_string(splits)] = ms;
-        sweep_text += fmt::format(" {}:{:.3f}", splits, ms);
-        if (splits == chosen) chosen_ms = ms;
-        if (ms < best_ms) {
-          best_ms = ms;
-          best_splits = splits;
+      for (size_t k = 0; k < candidates.size(); ++k) {
+        sweep[names[k]] = ms[k];
+        sweep_text += fmt::format(" {}:{:.3f}", names[k], ms[k]);
+        if (candidates[k] == chosen) chosen_ms = ms[k];
+        if (ms[k] < best_ms) {
+          best_ms = ms[k];
+          best_splits = candidates[k];
         }
       }
-      // Side by side: the mma.sync kernel at its own split choice, where kAuto took the Hopper one.
       double mma_sync_ms = 0, sm90_ms = 0, alternate_ms = 0;
-      if (kernels::MlaDecodeSm90Applies(p.kv_dtype)) {
-        p.num_splits =
-            kernels::MlaDecodeNumSplits(kBatch, h_q, s_k, num_sms, kernels::MlaKvDtype::kBf16,
-                                        kernels::MlaDecodeImpl::kMmaSync);
-        p.impl = kernels::MlaDecodeImpl::kMmaSync;
-        p.o_accum = nullptr;
-        p.lse_accum = nullptr;
-        kernels::MlaDecodeSetWorkspace(p, ws.ptr);
-        ASSIGN_OR_RETURN(mma_sync_ms,
-                         MedianMs([&] { return kernels::LaunchMlaDecode(p, nullptr); }, 3, iters));
-        p.impl = kernels::MlaDecodeImpl::kAuto;
+      if (hopper) {
+        const size_t at = candidates.size();
+        mma_sync_ms = ms[at];
+        sm90_ms = ms[at + 1];
+        alternate_ms = ms[at + 2];
         ratios[fmt::format("mla_decode_auto_vs_mma_sync_h{}_s{}", h_q, s_k)] =
             mma_sync_ms / chosen_ms;
-        sweep_text += fmt::format(" mma.sync:{:.3f}", mma_sync_ms);
-        // And the two Hopper kernels by name, at the chosen splits (kAuto runs one of them).
-        p.num_splits = chosen;
-        p.o_accum = nullptr;
-        p.lse_accum = nullptr;
-        kernels::MlaDecodeSetWorkspace(p, ws.ptr);
-        for (auto [impl, ms] : {std::pair{kernels::MlaDecodeImpl::kSm90, &sm90_ms},
-                                std::pair{kernels::MlaDecodeImpl::kSm90Alternate, &alternate_ms}}) {
-          p.impl = impl;
-          ASSIGN_OR_RETURN(
-              *ms, MedianMs([&] { return kernels::LaunchMlaDecode(p, nullptr); }, 3, iters));
-        }
-        p.impl = kernels::MlaDecodeImpl::kAuto;
         ratios[fmt::format("mla_decode_alternate_vs_sm90_h{}_s{}", h_q, s_k)] =
             sm90_ms / alternate_ms;
-        sweep_text += fmt::format(" sm90:{:.3f} alternate:{:.3f}", sm90_ms, alternate_ms);
+        sweep_text += fmt::format(" mma.sync:{:.3f} sm90:{:.3f} alternate:{:.3f}", mma_sync_ms,
+                                  sm90_ms, alternate_ms);
       }
       CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
       const double bytes =
