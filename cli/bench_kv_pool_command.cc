@@ -9,8 +9,9 @@
 //   - per page (KvPool::ImportPage / ExportPage) and batched (ImportPages / ExportPages), with
 //     the payloads in ordinary (pageable) host vectors: the kernels read pinned staging slots
 //     that the host fills;
-//   - batched with the payloads in the pool's pinned host buffer (AllocateHostBuffer): the
-//     kernels read and write them in place;
+//   - batched with the payloads in the pool's pinned host buffer (AllocateHostBuffer): the copy
+//     engine moves them as they are and the kernels convert them on the device; in turns with a
+//     second device pool whose kernels read and write them over PCIe in place (zero copy);
 //   - through the cache (--through-cache): an in-process cache server (DRAM tier, shm on this
 //     host) holds the pages as blocks; a load is CacheClient::Fetch (lookup, read, verify) plus
 //     ImportPages, first into a fresh heap buffer per fetch, then into one reused pinned buffer,
@@ -20,11 +21,14 @@
 //     them from there (KvPool::ReadsInPlace: the host pool does; the device pool registers the
 //     arena with CUDA unless --register-arena 0; here before the first load, the worker in the
 //     background), once without reading ahead and once as the client decides. The imports'
-//     own share of the last two kinds of load is reported too.
+//     own share of the last two kinds of load is reported too. With --pool cuda all of it runs
+//     into the zero-copy pool first, then into the default one.
 // --pool host times the CPU backend's HostKvPool instead (its "pinned" buffer is heap memory):
 // the same code path without a GPU, for CI. GB/s = payload bytes / wall time of the call(s) that
 // move all --pages (median of --repeats). JSON ratios: kv_pool_{import,export}_batched_vs_per_page,
-// kv_pool_{import,export}_pinned_vs_batched, kv_load_through_cache_pinned_vs_heap,
+// kv_pool_{import,export}_pinned_vs_batched, kv_pool_{import,export}_copy_engine_vs_zero_copy
+// and kv_load_through_cache_{runs,in_place}_copy_engine_vs_zero_copy (--pool cuda),
+// kv_load_through_cache_pinned_vs_heap,
 // kv_load_through_cache_runs_vs_whole, kv_load_through_cache_in_place_vs_runs.
 #include <fmt/format.h>
 #include <unistd.h>
@@ -41,6 +45,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "cache_service/cache_server.h"
@@ -113,6 +118,22 @@ double MedianSeconds(int64_t repeats, const Fn& fn) {
   }
   std::sort(s.begin(), s.end());
   return s[s.size() / 2];
+}
+
+// Median seconds of fn(0) and of fn(1), timed in turns (drift in clocks or the link hits both).
+template <typename Fn>
+std::pair<double, double> MedianSecondsInTurns(int64_t repeats, const Fn& fn) {
+  std::vector<double> s[2];
+  for (int64_t r = 0; r <= repeats; ++r) {  // r = 0 warms up
+    for (int k = 0; k < 2; ++k) {
+      const auto t0 = std::chrono::steady_clock::now();
+      fn(k);
+      const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (r > 0) s[k].push_back(t);
+    }
+  }
+  for (auto& v : s) std::sort(v.begin(), v.end());
+  return {s[0][s[0].size() / 2], s[1][s[1].size() / 2]};
 }
 
 // Seconds (medians) of a whole cached-prefix load through an in-process cache server: the fetch
@@ -324,7 +345,27 @@ void Run(const Args& a) {
     }
   }
 
-  // The same payloads in the pool's pinned buffer.
+  // The same payloads in the pool's pinned buffer. A device pool moves them by the copy engine;
+  // a second one, whose kernels read and write them over PCIe in place (zero copy), takes turns
+  // with it (pool k = 1; the host pool times itself twice).
+  std::unique_ptr<runtime::KvPool> zero_copy;
+#if STRATA_WITH_CUDA
+  if (a.pool == "cuda") {
+    auto made = cuda::DeviceKvPool::Create(layout, a.pages,
+                                           {.register_shared_regions = a.register_arena,
+                                            .register_in_background = false,
+                                            .copy_engine = false});
+    if (!made.ok()) Fail(1, StrCat("bench kv-pool: ", made.status().ToString()));
+    zero_copy = *std::move(made);
+  }
+#endif
+  runtime::KvPool* pools[2] = {&p, zero_copy != nullptr ? zero_copy.get() : &p};
+  std::vector<int32_t> other_pages = pages;
+  if (zero_copy != nullptr) {
+    for (int32_t& page : other_pages) page = *zero_copy->Allocate();
+    std::shuffle(other_pages.begin(), other_pages.end(), std::mt19937(3));
+  }
+  const std::span<const int32_t> pool_pages[2] = {pages, other_pages};
   auto pinned = p.AllocateHostBuffer(bytes * a.pages);
   if (!pinned.ok()) Fail(1, StrCat("bench kv-pool: ", pinned.status().ToString()));
   std::vector<std::span<const uint8_t>> pinned_in;
@@ -335,22 +376,32 @@ void Run(const Args& a) {
     pinned_in.emplace_back(at, bytes);
     pinned_out.emplace_back(at, bytes);
   }
-  const double import_pinned = MedianSeconds(a.repeats, [&] {
+  const auto [import_pinned, import_zero_copy] = MedianSecondsInTurns(a.repeats, [&](int k) {
     int64_t done = 0;
-    Check(p.ImportPages(pages, a.dtype(), pinned_in, &done));
+    Check(pools[k]->ImportPages(pool_pages[k], a.dtype(), pinned_in, &done));
   });
-  std::memset((*pinned)->data(), 0, (*pinned)->size());
-  const double export_pinned = MedianSeconds(a.repeats, [&] {
+  for (int k = 1; k >= 0; --k) {  // the default pool's export last: its bytes are checked
+    std::memset((*pinned)->data(), 0, (*pinned)->size());
     int64_t done = 0;
-    Check(p.ExportPagesInto(pages, a.dtype(), pinned_out, &done));
-  });
-  for (int64_t i = 0; i < a.pages; ++i) {
-    if (!SamePayload(a.dtype(), layout, payloads[i], pinned_out[i])) {
-      Fail(1, StrCat("bench kv-pool: page ", i, " did not round-trip through the pinned buffer"));
+    Check(pools[k]->ExportPagesInto(pool_pages[k], a.dtype(), pinned_out, &done));
+    for (int64_t i = 0; i < a.pages; ++i) {
+      if (!SamePayload(a.dtype(), layout, payloads[i], pinned_out[i])) {
+        Fail(1, StrCat("bench kv-pool: page ", i, " did not round-trip through the pinned buffer",
+                       k == 1 ? " (zero copy)" : ""));
+      }
     }
   }
+  const auto [export_pinned, export_zero_copy] = MedianSecondsInTurns(a.repeats, [&](int k) {
+    int64_t done = 0;
+    Check(pools[k]->ExportPagesInto(pool_pages[k], a.dtype(), pinned_out, &done));
+  });
+  // Through the cache, the zero-copy pool first, then the default one.
+  const ThroughCache cached_zero_copy = a.through_cache && zero_copy != nullptr
+                                            ? LoadThroughCache(a, *zero_copy, other_pages, payloads)
+                                            : ThroughCache{};
   const ThroughCache cached =
       a.through_cache ? LoadThroughCache(a, p, pages, payloads) : ThroughCache{};
+  const bool cached_both = a.through_cache && zero_copy != nullptr;
 
   std::cout << fmt::format(
       "bench kv-pool: {} pool, {} ({} layers), {} pages of {:.2f} MB ({} payloads)\n"
@@ -362,6 +413,13 @@ void Run(const Args& a) {
       total / import_batched / 1e9, import_one / import_batched, total / import_pinned / 1e9,
       import_batched / import_pinned, total / export_one / 1e9, total / export_batched / 1e9,
       export_one / export_batched, total / export_pinned / 1e9, export_batched / export_pinned);
+  if (zero_copy != nullptr) {
+    std::cout << fmt::format(
+        "  pinned, zero copy (the kernels over PCIe, in turns with the above): import {:.2f} "
+        "GB/s, export {:.2f} GB/s; copy engine / zero copy {:.3f}x import, {:.3f}x export\n",
+        total / import_zero_copy / 1e9, total / export_zero_copy / 1e9,
+        import_zero_copy / import_pinned, export_zero_copy / export_pinned);
+  }
   if (a.through_cache) {
     std::cout << fmt::format(
         "  load through the cache (shm, fetch + verify + import): heap buffer {:.2f} GB/s "
@@ -380,6 +438,16 @@ void Run(const Args& a) {
         total / cached.import_runs / 1e9, total / cached.import_in_place / 1e9,
         total / cached.load_in_place_serial / 1e9);
   }
+  if (cached_both) {
+    std::cout << fmt::format(
+        "  the same loads into the zero-copy pool (before the above): runs {:.2f} GB/s, in place "
+        "{:.2f} GB/s (imports {:.2f} / {:.2f} GB/s); copy engine / zero copy {:.3f}x runs, "
+        "{:.3f}x in place\n",
+        total / cached_zero_copy.load_runs / 1e9, total / cached_zero_copy.load_in_place / 1e9,
+        total / cached_zero_copy.import_runs / 1e9, total / cached_zero_copy.import_in_place / 1e9,
+        cached_zero_copy.load_runs / cached.load_runs,
+        cached_zero_copy.load_in_place / cached.load_in_place);
+  }
   if (!a.json.empty()) {
     nlohmann::json gbps = {{"import_per_page", total / import_one / 1e9},
                            {"import_batched", total / import_batched / 1e9},
@@ -391,6 +459,12 @@ void Run(const Args& a) {
                              {"kv_pool_export_batched_vs_per_page", export_one / export_batched},
                              {"kv_pool_import_pinned_vs_batched", import_batched / import_pinned},
                              {"kv_pool_export_pinned_vs_batched", export_batched / export_pinned}};
+    if (zero_copy != nullptr) {
+      gbps["import_pinned_zero_copy"] = total / import_zero_copy / 1e9;
+      gbps["export_pinned_zero_copy"] = total / export_zero_copy / 1e9;
+      ratios["kv_pool_import_copy_engine_vs_zero_copy"] = import_zero_copy / import_pinned;
+      ratios["kv_pool_export_copy_engine_vs_zero_copy"] = export_zero_copy / export_pinned;
+    }
     if (a.through_cache) {
       gbps["load_through_cache_heap"] = total / cached.load_heap / 1e9;
       gbps["load_through_cache_pinned"] = total / cached.load_pinned / 1e9;
@@ -404,6 +478,15 @@ void Run(const Args& a) {
       ratios["kv_load_through_cache_pinned_vs_heap"] = cached.load_heap / cached.load_pinned;
       ratios["kv_load_through_cache_runs_vs_whole"] = cached.load_pinned / cached.load_runs;
       ratios["kv_load_through_cache_in_place_vs_runs"] = cached.load_runs / cached.load_in_place;
+      if (cached_both) {
+        gbps["load_through_cache_runs_zero_copy"] = total / cached_zero_copy.load_runs / 1e9;
+        gbps["load_through_cache_in_place_zero_copy"] =
+            total / cached_zero_copy.load_in_place / 1e9;
+        ratios["kv_load_through_cache_runs_copy_engine_vs_zero_copy"] =
+            cached_zero_copy.load_runs / cached.load_runs;
+        ratios["kv_load_through_cache_in_place_copy_engine_vs_zero_copy"] =
+            cached_zero_copy.load_in_place / cached.load_in_place;
+      }
     }
     nlohmann::json report = {{"pool", a.pool},   {"preset", a.preset},  {"pages", a.pages},
                              {"codec", a.codec}, {"page_bytes", bytes}, {"gbps", gbps},

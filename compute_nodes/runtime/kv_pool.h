@@ -90,18 +90,19 @@ class KvPool {
                            std::vector<std::vector<uint8_t>>* payloads, int64_t* done) const;
 
   // Host memory the batched moves read and write without a staging copy: pinned and mapped for
-  // the GPU in a device pool (its kernels move bf16 payloads in it over PCIe directly, ~50 GB/s
-  // on an H200 host against ~15 GB/s from ordinary memory), heap memory in the host pool.
+  // the GPU in a device pool (bf16 and fp8 payloads in it cross PCIe as they are, by the copy
+  // engine, ~50 GB/s on an H200 host, against ~15 GB/s through staging from ordinary memory),
+  // heap memory in the host pool.
   // Allocating pinned memory is slow (milliseconds per hundred MB): keep and reuse buffers.
   // ResourceExhausted when the memory cannot be had.
   virtual absl::StatusOr<std::shared_ptr<HostBuffer>> AllocateHostBuffer(size_t bytes) const;
 
   // Whether imports should read payloads that lie in `region` (host memory another process
   // shares, e.g. a cache server's shm arena) straight from there rather than from a copy: the
-  // host pool reads any host memory at memcpy speed, so yes. The device pool says no for now:
-  // its kernels read host memory in place only when it is pinned and mapped for the GPU, and it
-  // does not register foreign memory (cudaHostRegister) yet, so a copy into its pinned buffer is
-  // faster. `owner` keeps the region mapped, for a pool that holds on to it.
+  // host pool reads any host memory at memcpy speed, so yes. The device pool says yes once it has
+  // registered the region with CUDA (pinned, so it can be moved without a copy into its own
+  // buffer; DeviceKvPoolOptions::register_shared_regions). `owner` keeps the region mapped, for a
+  // pool that holds on to it.
   virtual bool ReadsInPlace(std::span<const uint8_t> /*region*/,
                             const std::shared_ptr<const void>& /*owner*/) {
     return false;

@@ -41,6 +41,11 @@ timeout 90 ./strata bench kv-pool --preset v2-lite-shape --pages 64 --codec fp8 
   --json $OUT/bench_kv_pool_fp8.json > $OUT/bench_kv_pool_fp8.log 2>&1
 echo "bench kv-pool --codec fp8 rc=$? at $(( $(date +%s) - start )) s"
 grep -E "import|export|load" $OUT/bench_kv_pool_fp8.log
+# The copy engine against the kernels over PCIe (zero copy), in turns, with more repeats.
+timeout 60 ./strata bench kv-pool --preset v2-lite-shape --pages 64 --repeats 15 \
+  --through-cache 0 --json $OUT/bench_kv_pool_turns.json > $OUT/bench_kv_pool_turns.log 2>&1
+echo "bench kv-pool --repeats 15 rc=$? at $(( $(date +%s) - start )) s"
+grep -E "pinned" $OUT/bench_kv_pool_turns.log
 
 # A cuda worker daemon serving a generate call; its tokens against the cpu backend's.
 m=/tmp/gpu-suite-model

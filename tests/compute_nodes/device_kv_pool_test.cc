@@ -1,7 +1,8 @@
 // DeviceKvPool::ReadsInPlace: host memory another process shares (as a cache server's shm arena
 // is: a memfd mapped MAP_SHARED) is registered with CUDA once (in the background by default),
 // imported from in place, and unregistered when it falls out of the pool's window or nothing but
-// the pool holds it any more. Label gpu; skipped without a GPU.
+// the pool holds it any more. Pinned payloads move by the copy engine or by the kernels in place
+// alike. Label gpu; skipped without a GPU.
 #include "compute_nodes/backend/cuda/device_kv_pool.h"
 
 #include <gtest/gtest.h>
@@ -134,6 +135,35 @@ TEST(DeviceKvPoolTest, Fp8PayloadsAreTheBlockFormatsCodec) {
   ASSERT_TRUE(pool.ok()) << pool.status();
   testutil::CheckFp8PageMoves(**pool, 19, 31);
   testutil::CheckFp8PageMoves(**pool, 1, 32);
+}
+
+// Pinned payloads cross PCIe by the copy engine into device staging slots or are read and
+// written by the kernels in place (zero copy), per run of adjacent payloads: every run by the copy
+// engine, only runs of two payloads or more (a batch mixes both ways), or none. Each moves exactly
+// the bytes the checks expect: batches of 8 with odd tails, adjacent in one buffer or mixed with
+// ordinary vectors (staged on the host), bf16, fp32 and fp8.
+TEST(DeviceKvPoolTest, CopyEngineAndZeroCopyMoveTheSameBytes) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  const size_t bf16 =
+      kLayout.num_layers * kLayout.block_tokens * (kLayout.latent_dim + kLayout.rope_dim) * 2;
+  const struct {
+    const char* name;
+    DeviceKvPoolOptions options;
+  } kWays[] = {
+      {"every run by the copy engine", {.copy_engine = true, .copy_engine_min_run_bytes = 0}},
+      {"runs of two payloads by the copy engine",
+       {.copy_engine = true, .copy_engine_min_run_bytes = 2 * bf16}},
+      {"zero copy", {.copy_engine = false}},
+  };
+  for (const auto& way : kWays) {
+    SCOPED_TRACE(way.name);
+    auto pool = DeviceKvPool::Create(kLayout, 48, way.options);
+    ASSERT_TRUE(pool.ok()) << pool.status();
+    testutil::CheckBatchedPageMoves(**pool, 19, 51);
+    testutil::CheckHostBufferPageMoves(**pool, 19, 52);
+    testutil::CheckHostBufferPageMoves(**pool, 1, 53);
+    testutil::CheckFp8PageMoves(**pool, 11, 54);
+  }
 }
 
 TEST(DeviceKvPoolTest, TheOldestRegionIsUnregisteredPastTheWindow) {

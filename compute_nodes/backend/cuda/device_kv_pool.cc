@@ -87,19 +87,25 @@ absl::StatusOr<std::unique_ptr<DeviceKvPool>> DeviceKvPool::Create(runtime::KvLa
   CUDA_RETURN_IF_ERROR(cudaMalloc(reinterpret_cast<void**>(&p->pool_), p->device_bytes()));
   CUDA_RETURN_IF_ERROR(cudaMemset(p->pool_, 0, p->device_bytes()));
   CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&p->stream_, cudaStreamNonBlocking));
+  if (options.copy_engine) {
+    CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&p->copy_stream_, cudaStreamNonBlocking));
+  }
   return p;
 }
 
 DeviceKvPool::~DeviceKvPool() {
   if (stream_ != nullptr) (void)cudaStreamSynchronize(stream_);
+  if (copy_stream_ != nullptr) (void)cudaStreamSynchronize(copy_stream_);
   for (const SharedRegion& r : regions_) Unregister(r);  // waits for one still registering
   if (pool_ != nullptr) (void)cudaFree(pool_);
   if (staging_ != nullptr) (void)cudaFreeHost(staging_);
   if (host_batch_ != nullptr) (void)cudaFreeHost(host_batch_);
   if (dev_batch_ != nullptr) (void)cudaFree(dev_batch_);
-  for (cudaEvent_t e : batch_done_) {
+  if (device_staging_ != nullptr) (void)cudaFree(device_staging_);
+  for (cudaEvent_t e : {batch_done_[0], batch_done_[1], copied_[0], copied_[1]}) {
     if (e != nullptr) (void)cudaEventDestroy(e);
   }
+  if (copy_stream_ != nullptr) (void)cudaStreamDestroy(copy_stream_);
   if (stream_ != nullptr) (void)cudaStreamDestroy(stream_);
 }
 
@@ -242,24 +248,45 @@ absl::Status LaunchMove(const runtime::KvLayout& l, kernels::KvPayloadCodec code
 
 absl::Status DeviceKvPool::EnsureBatchStaging() const {
   if (staging_ != nullptr) return absl::OkStatus();
-  const size_t slot = PayloadBytes(runtime::PayloadDtype::kBf16);
+  const size_t set_bytes = kBatchPages * PayloadBytes(runtime::PayloadDtype::kBf16);
   uint8_t* staging = nullptr;
-  CUDA_RETURN_IF_ERROR(cudaHostAlloc(reinterpret_cast<void**>(&staging), 2 * kBatchPages * slot,
-                                     cudaHostAllocMapped));
+  CUDA_RETURN_IF_ERROR(
+      cudaHostAlloc(reinterpret_cast<void**>(&staging), 2 * set_bytes, cudaHostAllocMapped));
   staging_ = staging;
   CUDA_RETURN_IF_ERROR(
       cudaHostGetDevicePointer(reinterpret_cast<void**>(&staging_dev_), staging_, 0));
   CUDA_RETURN_IF_ERROR(cudaHostAlloc(reinterpret_cast<void**>(&host_batch_), 2 * sizeof(Batch),
                                      cudaHostAllocDefault));
   CUDA_RETURN_IF_ERROR(cudaMalloc(reinterpret_cast<void**>(&dev_batch_), 2 * sizeof(Batch)));
-  for (cudaEvent_t& e : batch_done_) {
-    CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  for (cudaEvent_t* e : {&batch_done_[0], &batch_done_[1], &copied_[0], &copied_[1]}) {
+    CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(e, cudaEventDisableTiming));
+  }
+  if (copy_stream_ != nullptr) {
+    if (const cudaError_t err =
+            cudaMalloc(reinterpret_cast<void**>(&device_staging_), 2 * set_bytes);
+        err != cudaSuccess) {
+      (void)cudaGetLastError();
+      device_staging_ = nullptr;
+      spdlog::warn(
+          "device KV pool: no device memory for {} MiB of copy-engine staging slots ({}); the "
+          "kernels read and write pinned payloads over PCIe instead",
+          (2 * set_bytes) >> 20, cudaGetErrorString(err));
+    }
   }
   return absl::OkStatus();
 }
 
-uint8_t* DeviceKvPool::StagingSlot(int set, int i) const {
-  return staging_ + (set * kBatchPages + i) * PayloadBytes(runtime::PayloadDtype::kBf16);
+size_t DeviceKvPool::KernelPayloadBytes(runtime::PayloadDtype dtype) const {
+  return PayloadBytes(KernelsReadAsIs(dtype) ? dtype : runtime::PayloadDtype::kBf16);
+}
+
+size_t DeviceKvPool::SlotOffset(int set, int i, runtime::PayloadDtype dtype) const {
+  return set * kBatchPages * PayloadBytes(runtime::PayloadDtype::kBf16) +
+         i * KernelPayloadBytes(dtype);
+}
+
+uint8_t* DeviceKvPool::StagingSlot(int set, int i, runtime::PayloadDtype dtype) const {
+  return staging_ + SlotOffset(set, i, dtype);
 }
 
 bool DeviceKvPool::BindPayload(int set, int i, runtime::PayloadDtype dtype,
@@ -268,18 +295,67 @@ bool DeviceKvPool::BindPayload(int set, int i, runtime::PayloadDtype dtype,
   const bool aligned = reinterpret_cast<uintptr_t>(payload) % 16 == 0;
   uint8_t* in_place =
       KernelsReadAsIs(dtype) && aligned ? MappedRange(payload, PayloadBytes(dtype)) : nullptr;
-  const size_t offset = (set * kBatchPages + i) * PayloadBytes(runtime::PayloadDtype::kBf16);
+  const size_t offset = SlotOffset(set, i, dtype);
+  host_side_[set][i] = in_place != nullptr ? payload : staging_ + offset;
   host_batch_[set].payloads[i] = in_place != nullptr ? in_place : staging_dev_ + offset;
   return in_place == nullptr;
 }
 
+int DeviceKvPool::PlanCopies(int set, int count, runtime::PayloadDtype dtype) const {
+  int runs = 0;
+  if (device_staging_ == nullptr) return runs;
+  const size_t bytes = KernelPayloadBytes(dtype);
+  for (int i = 0; i < count;) {
+    int end = i + 1;  // payloads [i, end) lie back to back on the host
+    while (end < count && host_side_[set][end] == host_side_[set][end - 1] + bytes) ++end;
+    if ((end - i) * bytes >= options_.copy_engine_min_run_bytes) {
+      copy_runs_[set][runs++] = {i, end};
+      for (int k = i; k < end; ++k) {
+        host_batch_[set].payloads[k] = device_staging_ + SlotOffset(set, k, dtype);
+      }
+    }
+    i = end;
+  }
+  return runs;
+}
+
+absl::Status DeviceKvPool::CopyPayloads(int set, int runs, runtime::PayloadDtype dtype,
+                                        bool to_host) const {
+  const size_t bytes = KernelPayloadBytes(dtype);
+  for (int r = 0; r < runs; ++r) {
+    const auto [first, end] = copy_runs_[set][r];
+    uint8_t* device = device_staging_ + SlotOffset(set, first, dtype);
+    auto* host = const_cast<uint8_t*>(host_side_[set][first]);  // written only when to_host
+    CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(to_host ? host : device, to_host ? device : host, (end - first) * bytes,
+                        to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice, copy_stream_));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status DeviceKvPool::LaunchBatch(int set, int count, runtime::PayloadDtype dtype,
                                        bool to_payload) const {
+  const int runs = PlanCopies(set, count, dtype);
+  // On a load the descriptors cross on the copy stream ahead of the payloads (on the kernel's
+  // stream they could queue behind the next batch's payloads for the same copy engine).
+  cudaStream_t descriptors = runs > 0 && !to_payload ? copy_stream_ : stream_;
   CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dev_batch_ + set, host_batch_ + set, sizeof(Batch),
-                                       cudaMemcpyHostToDevice, stream_));
+                                       cudaMemcpyHostToDevice, descriptors));
+  if (runs > 0 && !to_payload) {
+    RETURN_IF_ERROR(CopyPayloads(set, runs, dtype, /*to_host=*/false));
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(copied_[set], copy_stream_));
+    CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream_, copied_[set], 0));
+  }
   RETURN_IF_ERROR(LaunchMove(layout(), KernelCodec(dtype), pool_, layer_stride_, count,
                              dev_batch_[set].pages, dev_batch_[set].payloads, to_payload, stream_));
-  CUDA_RETURN_IF_ERROR(cudaEventRecord(batch_done_[set], stream_));
+  if (runs > 0 && to_payload) {
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(copied_[set], stream_));
+    CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy_stream_, copied_[set], 0));
+    RETURN_IF_ERROR(CopyPayloads(set, runs, dtype, /*to_host=*/true));
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(batch_done_[set], copy_stream_));
+  } else {
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(batch_done_[set], stream_));
+  }
   return absl::OkStatus();
 }
 
@@ -308,7 +384,7 @@ absl::Status DeviceKvPool::ImportPages(std::span<const int32_t> pages, runtime::
     ForEachCopy(static_cast<int64_t>(staged.size()),
                 static_cast<int64_t>(staged.size() * payloads[start].size()), [&](int64_t k) {
                   const int i = static_cast<int>(staged[k]);
-                  ToBf16Payload(dtype, payloads[start + i], StagingSlot(set, i));
+                  ToBf16Payload(dtype, payloads[start + i], StagingSlot(set, i, dtype));
                 });
     RETURN_IF_ERROR(LaunchBatch(set, count, dtype, /*to_payload=*/false));
     end[set] = start + count;
@@ -351,7 +427,7 @@ absl::Status DeviceKvPool::ExportPagesInto(std::span<const int32_t> pages,
     ForEachCopy(static_cast<int64_t>(mine.size()),
                 static_cast<int64_t>(mine.size() * outs[start].size()), [&](int64_t k) {
                   const int i = static_cast<int>(mine[k]);
-                  FromBf16Payload(dtype, StagingSlot(set, i), outs[start + i]);
+                  FromBf16Payload(dtype, StagingSlot(set, i, dtype), outs[start + i]);
                 });
     *done = std::min<int64_t>(n, start + kBatchPages);
   }

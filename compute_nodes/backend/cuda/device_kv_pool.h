@@ -4,15 +4,29 @@
 //
 // Payloads are bf16, fp8 (the kernels quantize on export and dequantize on import) or fp32
 // (rounded to and widened from bf16 on the host). Every move (one page or many) goes through the
-// kv_pages gather/scatter kernels, kBatchPages
-// pages per launch, on the pool's own stream beside the engine's (the worker loads cached
-// prefixes from its loader thread while the loop runs Forward), so the caller must not run a
-// Forward that touches the same pages concurrently. Moves are synchronous (pages or payloads
-// complete on return) and serialized by a mutex. A bf16 payload in pinned, device-mapped host
-// memory (AllocateHostBuffer) is read or written by the kernel in place over PCIe; any other
-// payload (ordinary memory, or fp32, which is widened/rounded on the host) goes through one of
-// two sets of pinned staging slots, which the host fills or drains (on up to 8 threads) while
-// the kernel moves the other set.
+// kv_pages gather/scatter kernels, kBatchPages pages per launch, on the pool's own stream beside
+// the engine's (the worker loads cached prefixes from its loader thread while the loop runs
+// Forward), so the caller must not run a Forward that touches the same pages concurrently. Moves
+// are synchronous (pages or payloads complete on return) and serialized by a mutex.
+//
+// Payloads in pinned host memory (AllocateHostBuffer, a registered shared region, or the pool's
+// host staging slots) cross PCIe in one of two ways, chosen per run of payloads that lie back to
+// back on the host:
+//   - by the copy engine, for runs of at least DeviceKvPoolOptions::copy_engine_min_run_bytes
+//     (8 MiB; a save into one buffer, a load from one): one DMA copy of the run, as it is, into
+//     device staging slots on a copy stream of the pool's, then the kernels convert it there; the
+//     copy of one batch overlaps the kernel of the one before, and SMs are held only for the
+//     device-side conversion. Costs 2 x kBatchPages device slots of one bf16 payload (72 MB for
+//     DeepSeek-V3's 61 layers), allocated with the host staging slots.
+//   - zero copy, for shorter runs (payloads scattered over a fetch buffer or the cache server's
+//     arena), or with the copy engine off or its slots not to be had: the kernels read and write
+//     the mapped pinned memory over PCIe themselves.
+//   H200 host, 2026-12-02: 64 back-to-back 2 MB payloads moved 4.5-5.8 % faster by the copy
+//   engine (52 vs 50 GB/s import, 54 vs 51 export); payloads scattered 2 MB apart 2-10 % slower
+//   (per-copy overhead), hence the run threshold. docs/benchmarks.md has the runs.
+// Any other payload (ordinary memory, or fp32, which is widened/rounded on the host) goes through
+// one of two sets of pinned host staging slots, which the host fills or drains (on up to 8
+// threads) while the other set moves.
 //
 // With DeviceKvPoolOptions::register_shared_regions, host memory that another process shares
 // (a same-host cache server's shm arena, offered through ReadsInPlace) is registered with CUDA,
@@ -30,6 +44,7 @@
 #include <memory>
 #include <mutex>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "compute_nodes/runtime/kv_pool.h"
@@ -47,6 +62,11 @@ struct DeviceKvPoolOptions {
   // The oldest is unregistered past this many. A region nothing but the pool holds any more (a
   // restarted server's old arena, once the client re-opened its data path) goes at the next offer.
   int max_registered_regions = 2;
+  // Runs of pinned payloads of at least copy_engine_min_run_bytes cross PCIe by DMA into device
+  // staging slots (see above); shorter runs, or all with copy_engine off, are read and written by
+  // the kernels over PCIe in place (zero copy).
+  bool copy_engine = true;
+  size_t copy_engine_min_run_bytes = size_t{8} << 20;
 };
 
 class DeviceKvPool final : public runtime::KvPool {
@@ -109,13 +129,24 @@ class DeviceKvPool final : public runtime::KvPool {
   static void Unregister(const SharedRegion& r);
   // The staging slots, descriptors and events (allocated on first use).
   absl::Status EnsureBatchStaging() const;
-  uint8_t* StagingSlot(int set, int i) const;
-  // Points slot i of `set` at `payload` when the kernel can reach it in place (bf16 or fp8 in
-  // mapped pinned memory), else at the staging slot. Returns whether it is staged.
+  uint8_t* StagingSlot(int set, int i, runtime::PayloadDtype dtype) const;
+  // Binds slot i of `set` to `payload`: its host side (the payload in place when it is pinned,
+  // bf16 or fp8, else the host staging slot) and, for now, the kernel reads that over PCIe (zero
+  // copy). Returns whether it goes through the host staging slot.
   bool BindPayload(int set, int i, runtime::PayloadDtype dtype, const uint8_t* payload) const;
+  // Picks the runs of `set`'s first `count` slots that the copy engine moves (copy_runs_) and
+  // points their kernel payloads at the device staging slots. Returns how many.
+  int PlanCopies(int set, int count, runtime::PayloadDtype dtype) const;
+  // Bytes of one payload as the kernels read it (fp32 is staged as bf16), and slot i of `set`'s
+  // offset in the host and device staging slots (a set's slots of one call are adjacent).
+  size_t KernelPayloadBytes(runtime::PayloadDtype dtype) const;
+  size_t SlotOffset(int set, int i, runtime::PayloadDtype dtype) const;
   // Enqueues the move of `set`'s first `count` pages (payloads in `dtype`'s codec, fp32 staged as
-  // bf16) and records its event.
+  // bf16) and records batch_done_[set] after its last step.
   absl::Status LaunchBatch(int set, int count, runtime::PayloadDtype dtype, bool to_payload) const;
+  // The copy engine's part of a batch on copy_stream_: `set`'s first `runs` copy runs between
+  // their host side and the device staging slots, one copy each.
+  absl::Status CopyPayloads(int set, int runs, runtime::PayloadDtype dtype, bool to_host) const;
 
   __nv_bfloat16* pool_ = nullptr;
   int64_t layer_stride_ = 0;  // elements
@@ -128,6 +159,14 @@ class DeviceKvPool final : public runtime::KvPool {
   mutable Batch* host_batch_ = nullptr;
   mutable Batch* dev_batch_ = nullptr;
   mutable cudaEvent_t batch_done_[2] = {nullptr, nullptr};
+  // Copy engine moves: the copy stream, [2][kBatchPages] device staging slots (null: zero copy
+  // only), each slot's host side (a pinned payload in place, or its host staging slot), each
+  // set's copy runs [first, end), and an event per set between the copy and the kernel.
+  cudaStream_t copy_stream_ = nullptr;
+  mutable uint8_t* device_staging_ = nullptr;
+  mutable const uint8_t* host_side_[2][kBatchPages] = {};
+  mutable std::pair<int, int> copy_runs_[2][kBatchPages] = {};
+  mutable cudaEvent_t copied_[2] = {nullptr, nullptr};
   const DeviceKvPoolOptions options_;
   int device_ = 0;  // the CUDA device the pool lives on (a background registration sets it)
   std::vector<SharedRegion> regions_;  // under mu_ (no move runs while one is unregistered)
