@@ -2,7 +2,7 @@
 //
 //   strata bench decode [--preset v2-lite-shape | --model DIR] [--batch 1,16,64] [--context 1024]
 //                       [--steps 20] [--num-layers N] [--json PATH] [--cuda-graphs 1]
-//                       [--moe-device-max-tokens 256]
+//                       [--moe-device-max-tokens 256] [--concurrent-loads PAGES]
 //
 // The weights are random bf16 drawn on the GPU (--preset; no checkpoint on disk) or a checkpoint
 // (--model). Every sequence starts with --context tokens of random latent KV in its pages, then
@@ -17,7 +17,9 @@
 // (1.0 = at the floor); JSON ratios.decode_step_vs_hbm_floor_b<B>. "gpu ms" is the median GPU
 // time of the step's work (events around it; without the host's planning and the logits copy).
 // --cuda-graphs 0 and --moe-device-max-tokens 0 switch the decode graph and the device-side MoE
-// path off (the backend as it was before both, for comparisons).
+// path off (the backend as it was before both, for comparisons). --concurrent-loads PAGES then
+// times greedy steps beside a KV load of PAGES blocks, zero copy and by the copy engine
+// (bench_decode_loads.cc).
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 
@@ -29,6 +31,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "cli/bench_decode_loads.h"
 #include "cli/commands.h"
 #include "common/strings.h"
 #include "compute_nodes/backend/cuda/cuda_engine.h"
@@ -44,6 +47,7 @@ struct Args {
   int64_t context = 1024, steps = 20, num_layers = 0;
   bool cuda_graphs = true;
   int64_t moe_device_max_tokens = 256;
+  int64_t concurrent_loads = 0;  // pages
 };
 
 void Run(const Args& a) {
@@ -56,7 +60,9 @@ void Run(const Args& a) {
   }
   if (batches.empty()) Fail(2, "--batch is empty");
   const int64_t max_b = *std::max_element(batches.begin(), batches.end());
-  const int64_t pages_per_seq = (a.context + a.steps + 3 + 63) / 64;
+  // The concurrent-loads runs take 6 rounds of steps in one set of pages.
+  const int64_t positions = a.context + (a.concurrent_loads > 0 ? 6 : 1) * (a.steps + 3) + 1;
+  const int64_t pages_per_seq = (positions + 63) / 64;
   cuda::CudaEngineOptions options;
   options.num_pages = max_b * pages_per_seq;
   options.cuda_graphs = a.cuda_graphs;
@@ -206,6 +212,9 @@ void Run(const Args& a) {
                     "_vs_hbm_floor_b", b)] = ratio;
     }
   }
+  if (a.concurrent_loads > 0) {
+    BenchDecodeWithLoads(*engine, batches, a.context, a.steps, a.concurrent_loads, report);
+  }
   if (!a.json.empty()) {
     std::ofstream f(a.json);
     f << report.dump(2) << "\n";
@@ -233,6 +242,10 @@ void RegisterBenchDecodeCommand(CLI::App& app) {
   cmd->add_option("--moe-device-max-tokens", a->moe_device_max_tokens,
                   "Device-side MoE routing up to this many tokens (0: always via the host)")
       ->default_val(256);
+  cmd->add_option("--concurrent-loads", a->concurrent_loads,
+                  "Then time greedy steps beside a KV load of this many blocks, zero copy and by "
+                  "the copy engine (0: not)")
+      ->default_val(0);
   cmd->callback([a] { Run(*a); });
 }
 

@@ -137,27 +137,15 @@ TEST(DeviceKvPoolTest, Fp8PayloadsAreTheBlockFormatsCodec) {
   testutil::CheckFp8PageMoves(**pool, 1, 32);
 }
 
-// Pinned payloads cross PCIe by the copy engine into device staging slots or are read and
-// written by the kernels in place (zero copy), per run of adjacent payloads: every run by the copy
-// engine, only runs of two payloads or more (a batch mixes both ways), or none. Each moves exactly
-// the bytes the checks expect: batches of 8 with odd tails, adjacent in one buffer or mixed with
-// ordinary vectors (staged on the host), bf16, fp32 and fp8.
+// Pinned payloads cross PCIe by the copy engine into device staging slots (the default; runs of
+// adjacent payloads as one copy) or are read and written by the kernels in place (zero copy):
+// both move exactly the bytes the checks expect, in batches of 8 with odd tails, adjacent in one
+// buffer or mixed with ordinary vectors (staged on the host), bf16, fp32 and fp8.
 TEST(DeviceKvPoolTest, CopyEngineAndZeroCopyMoveTheSameBytes) {
   if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
-  const size_t bf16 =
-      kLayout.num_layers * kLayout.block_tokens * (kLayout.latent_dim + kLayout.rope_dim) * 2;
-  const struct {
-    const char* name;
-    DeviceKvPoolOptions options;
-  } kWays[] = {
-      {"every run by the copy engine", {.copy_engine = true, .copy_engine_min_run_bytes = 0}},
-      {"runs of two payloads by the copy engine",
-       {.copy_engine = true, .copy_engine_min_run_bytes = 2 * bf16}},
-      {"zero copy", {.copy_engine = false}},
-  };
-  for (const auto& way : kWays) {
-    SCOPED_TRACE(way.name);
-    auto pool = DeviceKvPool::Create(kLayout, 48, way.options);
+  for (const bool copy_engine : {true, false}) {
+    SCOPED_TRACE(copy_engine ? "copy engine" : "zero copy");
+    auto pool = DeviceKvPool::Create(kLayout, 48, {.copy_engine = copy_engine});
     ASSERT_TRUE(pool.ok()) << pool.status();
     testutil::CheckBatchedPageMoves(**pool, 19, 51);
     testutil::CheckHostBufferPageMoves(**pool, 19, 52);

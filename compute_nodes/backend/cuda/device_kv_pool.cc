@@ -302,19 +302,17 @@ bool DeviceKvPool::BindPayload(int set, int i, runtime::PayloadDtype dtype,
 }
 
 int DeviceKvPool::PlanCopies(int set, int count, runtime::PayloadDtype dtype) const {
-  int runs = 0;
-  if (device_staging_ == nullptr) return runs;
+  if (device_staging_ == nullptr) return 0;
   const size_t bytes = KernelPayloadBytes(dtype);
+  int runs = 0;
   for (int i = 0; i < count;) {
-    int end = i + 1;  // payloads [i, end) lie back to back on the host
+    int end = i + 1;  // payloads [i, end) lie back to back on the host: one copy
     while (end < count && host_side_[set][end] == host_side_[set][end - 1] + bytes) ++end;
-    if ((end - i) * bytes >= options_.copy_engine_min_run_bytes) {
-      copy_runs_[set][runs++] = {i, end};
-      for (int k = i; k < end; ++k) {
-        host_batch_[set].payloads[k] = device_staging_ + SlotOffset(set, k, dtype);
-      }
-    }
+    copy_runs_[set][runs++] = {i, end};
     i = end;
+  }
+  for (int k = 0; k < count; ++k) {
+    host_batch_[set].payloads[k] = device_staging_ + SlotOffset(set, k, dtype);
   }
   return runs;
 }

@@ -10,20 +10,18 @@
 // are synchronous (pages or payloads complete on return) and serialized by a mutex.
 //
 // Payloads in pinned host memory (AllocateHostBuffer, a registered shared region, or the pool's
-// host staging slots) cross PCIe in one of two ways, chosen per run of payloads that lie back to
-// back on the host:
-//   - by the copy engine, for runs of at least DeviceKvPoolOptions::copy_engine_min_run_bytes
-//     (8 MiB; a save into one buffer, a load from one): one DMA copy of the run, as it is, into
-//     device staging slots on a copy stream of the pool's, then the kernels convert it there; the
-//     copy of one batch overlaps the kernel of the one before, and SMs are held only for the
-//     device-side conversion. Costs 2 x kBatchPages device slots of one bf16 payload (72 MB for
-//     DeepSeek-V3's 61 layers), allocated with the host staging slots.
-//   - zero copy, for shorter runs (payloads scattered over a fetch buffer or the cache server's
-//     arena), or with the copy engine off or its slots not to be had: the kernels read and write
-//     the mapped pinned memory over PCIe themselves.
-//   H200 host, 2026-12-02: 64 back-to-back 2 MB payloads moved 4.5-5.8 % faster by the copy
-//   engine (52 vs 50 GB/s import, 54 vs 51 export); payloads scattered 2 MB apart 2-10 % slower
-//   (per-copy overhead), hence the run threshold. docs/benchmarks.md has the runs.
+// host staging slots) cross PCIe by the copy engine: each run of payloads that lie back to back
+// is one DMA copy, as it is, into device staging slots on a copy stream of the pool's, and the
+// kernels convert them there (device to pages at ~1.8 TB/s); the copies of one batch overlap the
+// kernel of the one before. Costs 2 x kBatchPages device slots of one bf16 payload (72 MB for
+// DeepSeek-V3's 61 layers), allocated with the host staging slots.
+// Zero copy, the kernels read and write the pinned memory over PCIe themselves: with
+// DeviceKvPoolOptions::copy_engine off, or when the device slots cannot be had. That holds SMs
+// for the whole transfer: on the H200 host, 2026-12-02, V2-Lite's greedy decode steps ran
+// 6.3-14.5x slower beside a zero-copy load of 64 blocks, 1.06-1.07x beside the same load by the
+// copy engine (`strata bench decode --concurrent-loads 64`). Alone, 64 back-to-back payloads
+// moved 4.5-5.9 % faster by the copy engine; payloads scattered 4 KiB apart about as fast or up
+// to ~15 % slower (a copy each). docs/benchmarks.md has the runs.
 // Any other payload (ordinary memory, or fp32, which is widened/rounded on the host) goes through
 // one of two sets of pinned host staging slots, which the host fills or drains (on up to 8
 // threads) while the other set moves.
@@ -62,11 +60,9 @@ struct DeviceKvPoolOptions {
   // The oldest is unregistered past this many. A region nothing but the pool holds any more (a
   // restarted server's old arena, once the client re-opened its data path) goes at the next offer.
   int max_registered_regions = 2;
-  // Runs of pinned payloads of at least copy_engine_min_run_bytes cross PCIe by DMA into device
-  // staging slots (see above); shorter runs, or all with copy_engine off, are read and written by
-  // the kernels over PCIe in place (zero copy).
+  // Pinned payloads cross PCIe by DMA into device staging slots (see above); off: the kernels
+  // read and write them over PCIe in place (zero copy), holding SMs while they do.
   bool copy_engine = true;
-  size_t copy_engine_min_run_bytes = size_t{8} << 20;
 };
 
 class DeviceKvPool final : public runtime::KvPool {
@@ -131,11 +127,12 @@ class DeviceKvPool final : public runtime::KvPool {
   absl::Status EnsureBatchStaging() const;
   uint8_t* StagingSlot(int set, int i, runtime::PayloadDtype dtype) const;
   // Binds slot i of `set` to `payload`: its host side (the payload in place when it is pinned,
-  // bf16 or fp8, else the host staging slot) and, for now, the kernel reads that over PCIe (zero
-  // copy). Returns whether it goes through the host staging slot.
+  // bf16 or fp8, else the host staging slot), which the kernel reads over PCIe (zero copy) unless
+  // PlanCopies moves it. Returns whether it goes through the host staging slot.
   bool BindPayload(int set, int i, runtime::PayloadDtype dtype, const uint8_t* payload) const;
-  // Picks the runs of `set`'s first `count` slots that the copy engine moves (copy_runs_) and
-  // points their kernel payloads at the device staging slots. Returns how many.
+  // With the copy engine: groups `set`'s first `count` slots into runs that lie back to back on
+  // the host (copy_runs_), one copy each, and points the kernel at the device staging slots.
+  // Returns how many runs (0: zero copy).
   int PlanCopies(int set, int count, runtime::PayloadDtype dtype) const;
   // Bytes of one payload as the kernels read it (fp32 is staged as bf16), and slot i of `set`'s
   // offset in the host and device staging slots (a set's slots of one call are adjacent).
