@@ -133,10 +133,12 @@ python3 -c "import urllib.request; print([l for l in urllib.request.urlopen('htt
 grep -E "registered .* shared host memory|copying blocks instead" $OUT/worker_cache.log | head -2
 kill $w2 $cpid 2>/dev/null; wait $w2 $cpid 2>/dev/null
 for f in gen_cpu gen_cuda gen_worker gen_worker_sampled1; do echo "== $f"; tail -3 $OUT/$f.txt 2>/dev/null; done
+# Then greedy steps beside a KV load of 64 blocks, zero copy and by the copy engine.
 timeout $(( $(left) < 150 ? $(left) : 150 )) ./strata bench decode --json $OUT/bench_decode.json \
-  --batch 1,16,64 --context 1024 --steps 20 > $OUT/bench_decode.log 2>&1
+  --batch 1,16,64 --context 1024 --steps 20 --concurrent-loads 64 > $OUT/bench_decode.log 2>&1
 echo "bench decode rc=$? at $(( $(date +%s) - start )) s"
-grep -E "ratio|batch|logits|greedy|sampled" $OUT/bench_decode.log | grep -v host | tail -10
+grep -E "ratio|batch|logits|greedy|sampled|^ +[0-9]+ +[0-9.]+ +[0-9.]+ \(" $OUT/bench_decode.log |
+  grep -v host | tail -14
 # Whole-model prefill MFU (v3-shape-4l, one 4K prompt) and the attention kernels against their
 # targets (FlashMLA ratios, prefill MFU).
 # The MoE layer through the grouped wgmma GEMMs (default), then through one cuBLAS GEMM pair per
