@@ -107,33 +107,30 @@ void Check(const absl::Status& st) {
   if (!st.ok()) Fail(1, StrCat("bench kv-pool: ", st.ToString()));
 }
 
+// Median seconds of fn(k) for each k < ways over `repeats` rounds after one warm-up round; a
+// round calls every k once, in turns, so drift in clocks or the link hits them alike.
 template <typename Fn>
-double MedianSeconds(int64_t repeats, const Fn& fn) {
-  std::vector<double> s;
-  for (int64_t r = 0; r <= repeats; ++r) {  // r = 0 warms up
-    const auto t0 = std::chrono::steady_clock::now();
-    fn();
-    const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    if (r > 0) s.push_back(t);
-  }
-  std::sort(s.begin(), s.end());
-  return s[s.size() / 2];
-}
-
-// Median seconds of fn(0) and of fn(1), timed in turns (drift in clocks or the link hits both).
-template <typename Fn>
-std::pair<double, double> MedianSecondsInTurns(int64_t repeats, const Fn& fn) {
-  std::vector<double> s[2];
-  for (int64_t r = 0; r <= repeats; ++r) {  // r = 0 warms up
-    for (int k = 0; k < 2; ++k) {
+std::vector<double> MedianSecondsInTurns(int64_t repeats, int ways, const Fn& fn) {
+  std::vector<std::vector<double>> s(ways);
+  for (int64_t r = 0; r <= repeats; ++r) {
+    for (int k = 0; k < ways; ++k) {
       const auto t0 = std::chrono::steady_clock::now();
       fn(k);
       const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       if (r > 0) s[k].push_back(t);
     }
   }
-  for (auto& v : s) std::sort(v.begin(), v.end());
-  return {s[0][s[0].size() / 2], s[1][s[1].size() / 2]};
+  std::vector<double> medians;
+  for (std::vector<double>& v : s) {
+    std::sort(v.begin(), v.end());
+    medians.push_back(v[v.size() / 2]);
+  }
+  return medians;
+}
+
+template <typename Fn>
+double MedianSeconds(int64_t repeats, const Fn& fn) {
+  return MedianSecondsInTurns(repeats, 1, [&](int) { fn(); })[0];
 }
 
 // Seconds (medians) of a whole cached-prefix load through an in-process cache server: the fetch
@@ -347,7 +344,7 @@ void Run(const Args& a) {
 
   // The same payloads in the pool's pinned buffer. A device pool moves them by the copy engine;
   // a second one, whose kernels read and write them over PCIe in place (zero copy), takes turns
-  // with it (pool k = 1; the host pool times itself twice).
+  // with it (pool k = 1; the host pool is timed alone).
   std::unique_ptr<runtime::KvPool> zero_copy;
 #if STRATA_WITH_CUDA
   if (a.pool == "cuda") {
@@ -376,11 +373,12 @@ void Run(const Args& a) {
     pinned_in.emplace_back(at, bytes);
     pinned_out.emplace_back(at, bytes);
   }
-  const auto [import_pinned, import_zero_copy] = MedianSecondsInTurns(a.repeats, [&](int k) {
+  const int ways = zero_copy != nullptr ? 2 : 1;
+  const std::vector<double> imports = MedianSecondsInTurns(a.repeats, ways, [&](int k) {
     int64_t done = 0;
     Check(pools[k]->ImportPages(pool_pages[k], a.dtype(), pinned_in, &done));
   });
-  for (int k = 1; k >= 0; --k) {  // the default pool's export last: its bytes are checked
+  for (int k = ways - 1; k >= 0; --k) {  // the default pool's export last: its bytes are checked
     std::memset((*pinned)->data(), 0, (*pinned)->size());
     int64_t done = 0;
     Check(pools[k]->ExportPagesInto(pool_pages[k], a.dtype(), pinned_out, &done));
@@ -391,10 +389,13 @@ void Run(const Args& a) {
       }
     }
   }
-  const auto [export_pinned, export_zero_copy] = MedianSecondsInTurns(a.repeats, [&](int k) {
+  const std::vector<double> exports = MedianSecondsInTurns(a.repeats, ways, [&](int k) {
     int64_t done = 0;
     Check(pools[k]->ExportPagesInto(pool_pages[k], a.dtype(), pinned_out, &done));
   });
+  // [1]: the zero-copy pool's, read only when there is one.
+  const double import_pinned = imports[0], import_zero_copy = imports.back();
+  const double export_pinned = exports[0], export_zero_copy = exports.back();
   // Through the cache, the zero-copy pool first, then the default one.
   const ThroughCache cached_zero_copy = a.through_cache && zero_copy != nullptr
                                             ? LoadThroughCache(a, *zero_copy, other_pages, payloads)
