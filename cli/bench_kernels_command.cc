@@ -253,6 +253,8 @@ absl::Status BenchMlaDecode(int iters, const std::vector<int>& heads_q, nlohmann
         add("sm90", chosen, kernels::MlaDecodeImpl::kSm90);
         add("alternate", chosen, kernels::MlaDecodeImpl::kSm90Alternate);
       }
+      const bool transposed = kernels::MlaDecodeSm90TransposedApplies(h_q, p.kv_dtype);
+      if (transposed) add("transposed", chosen, kernels::MlaDecodeImpl::kSm90Transposed);
       ASSIGN_OR_RETURN(const std::vector<double> ms, MedianMsInTurns(launches, 3, iters));
       nlohmann::json sweep = nlohmann::json::object();
       double chosen_ms = 0, best_ms = 1e30;
@@ -267,7 +269,7 @@ absl::Status BenchMlaDecode(int iters, const std::vector<int>& heads_q, nlohmann
           best_splits = candidates[k];
         }
       }
-      double mma_sync_ms = 0, sm90_ms = 0, alternate_ms = 0;
+      double mma_sync_ms = 0, sm90_ms = 0, alternate_ms = 0, transposed_ms = 0;
       if (hopper) {
         const size_t at = candidates.size();
         mma_sync_ms = ms[at];
@@ -279,6 +281,12 @@ absl::Status BenchMlaDecode(int iters, const std::vector<int>& heads_q, nlohmann
             sm90_ms / alternate_ms;
         sweep_text += fmt::format(" mma.sync:{:.3f} sm90:{:.3f} alternate:{:.3f}", mma_sync_ms,
                                   sm90_ms, alternate_ms);
+      }
+      if (transposed) {
+        transposed_ms = ms.back();
+        ratios[fmt::format("mla_decode_transposed_vs_sm90_h{}_s{}", h_q, s_k)] =
+            sm90_ms / transposed_ms;
+        sweep_text += fmt::format(" transposed:{:.3f}", transposed_ms);
       }
       CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
       const double bytes =
@@ -307,6 +315,7 @@ absl::Status BenchMlaDecode(int iters, const std::vector<int>& heads_q, nlohmann
                         {"mma_sync_ms", mma_sync_ms},
                         {"sm90_ms", sm90_ms},
                         {"alternate_ms", alternate_ms},
+                        {"transposed_ms", transposed_ms},
                         {"sweep_ms", sweep}});
       std::cout << fmt::format(
           "{:>4} {:>6} {:>6} {:>9.3f} {:>7.2f} {:>8.1f} {:>9.2f} {:>7.3f} {}\n", h_q, s_k, chosen,

@@ -18,8 +18,10 @@ int MlaDecodeNumSplits(int batch, int num_heads_q, int max_seqlen, int num_sms, 
                        MlaDecodeImpl impl) {
   if (batch <= 0 || num_heads_q <= 0 || num_sms <= 0 || max_seqlen <= 0) return 1;
   const bool sm90 = impl == MlaDecodeImpl::kSm90 || impl == MlaDecodeImpl::kSm90Alternate ||
+                    impl == MlaDecodeImpl::kSm90Transposed ||
                     (impl == MlaDecodeImpl::kAuto && MlaDecodeSm90Applies(kv_dtype));
-  // Blocks and their tiles: the Hopper kernel takes 64 heads (64-token tiles, one block per SM);
+  // Blocks and their tiles: the Hopper kernels take 64 heads (the transposed one all of h_q <= 32;
+  // 64-token tiles, one block per SM);
   // the mma.sync one 16, 32 or 64 (32-token tiles; blocks of 16 run two to an SM, see
   // mla_detail::Layout::kBlocksPerSm).
   int heads_per_block = 64, tile_tokens = 64;
@@ -98,11 +100,20 @@ absl::Status ValidateMlaDecodeParams(const MlaDecodeParams& p) {
 absl::Status LaunchMlaDecode(const MlaDecodeParams& params, cudaStream_t stream) {
   if (absl::Status st = ValidateMlaDecodeParams(params); !st.ok()) return st;
   const bool sm90 = params.impl != MlaDecodeImpl::kMmaSync && MlaDecodeSm90Applies(params.kv_dtype);
-  const bool named_sm90 =
-      params.impl == MlaDecodeImpl::kSm90 || params.impl == MlaDecodeImpl::kSm90Alternate;
+  // kAuto takes the transposed kernel at h_q 16 (1.02-1.17x the 64-row one at 4K-32K, b = 128,
+  // kernels/mla_decode/NOTES.md); at 32 it is not measured against it, so taken by name only.
+  const bool transposed = params.impl == MlaDecodeImpl::kSm90Transposed ||
+                          (sm90 && params.impl == MlaDecodeImpl::kAuto && params.num_heads_q == 16);
+  const bool named_sm90 = params.impl == MlaDecodeImpl::kSm90 ||
+                          params.impl == MlaDecodeImpl::kSm90Alternate ||
+                          params.impl == MlaDecodeImpl::kSm90Transposed;
   if (named_sm90 && !sm90) {
     return absl::FailedPreconditionError(
         "LaunchMlaDecode: the sm90 kernels need bf16 pages and a compute capability 9.x device");
+  }
+  if (transposed && params.num_heads_q != 16 && params.num_heads_q != 32) {
+    return Invalid("the transposed sm90 kernel takes num_heads_q 16 or 32, got " +
+                   std::to_string(params.num_heads_q));
   }
   // Of the Hopper kernels, kAuto takes the alternating one where the tensor pipe is the bound
   // (more than one 64-head block per sequence: at h_q 128 it measured 1.01-1.04x the other on
@@ -111,7 +122,8 @@ absl::Status LaunchMlaDecode(const MlaDecodeParams& params, cudaStream_t stream)
   const bool alternate = sm90 && (params.impl == MlaDecodeImpl::kSm90Alternate ||
                                   (params.impl == MlaDecodeImpl::kAuto && params.num_heads_q > 64));
   const absl::Status split_kv =
-      alternate                      ? LaunchMlaDecodeSm90Alternate(params, stream)
+      transposed                     ? LaunchMlaDecodeSm90Transposed(params, stream)
+      : alternate                    ? LaunchMlaDecodeSm90Alternate(params, stream)
       : sm90                         ? LaunchMlaDecodeSm90(params, stream)
       : params.num_heads_q % 64 == 0 ? LaunchMlaDecodeSplitKv<4>(params, stream)
       : params.num_heads_q % 32 == 0 ? LaunchMlaDecodeSplitKv<2>(params, stream)

@@ -52,9 +52,11 @@ enum class MlaKvDtype { kBf16, kFp8E4M3 };
 // compute capability 9.x device; there kSm90Alternate (the two consumer warpgroups take turns
 // over tiles, mla_decode_sm90_alternate.cu) for h_q > 64 and kSm90 (both on every tile,
 // mla_decode_sm90.cu) otherwise. Else the mma.sync kernel (blocks of 16, 32 or 64 heads, bf16 or
-// fp8 pages). Naming one forces it (kSm90 and kSm90Alternate fail where they do not apply): for
-// tests and side-by-side benchmarks.
-enum class MlaDecodeImpl { kAuto, kMmaSync, kSm90, kSm90Alternate };
+// fp8 pages). kSm90Transposed (mla_decode_sm90_transposed.cu: scores as S^T = K Q^T with the
+// heads as the wgmma's N, for h_q 16 and 32 only) is what kAuto takes at h_q 16 instead of kSm90.
+// Naming one forces it (the Hopper kernels fail where they do not apply): for tests and
+// side-by-side benchmarks.
+enum class MlaDecodeImpl { kAuto, kMmaSync, kSm90, kSm90Alternate, kSm90Transposed };
 
 struct MlaDecodeParams {
   int batch = 0;
@@ -104,8 +106,13 @@ absl::Status LaunchMlaDecodeCombine(const MlaDecodeParams& params, cudaStream_t 
 // Whether the Hopper kernel applies to pages of `kv_dtype` on the current device.
 bool MlaDecodeSm90Applies(MlaKvDtype kv_dtype);
 
-// Internal: the Hopper kernels (mla_decode_sm90.cu, mla_decode_sm90_alternate.cu).
+// Whether the transposed Hopper kernel applies: h_q 16 or 32 and MlaDecodeSm90Applies.
+bool MlaDecodeSm90TransposedApplies(int num_heads_q, MlaKvDtype kv_dtype);
+
+// Internal: the Hopper kernels (mla_decode_sm90.cu, mla_decode_sm90_alternate.cu,
+// mla_decode_sm90_transposed.cu).
 absl::Status LaunchMlaDecodeSm90(const MlaDecodeParams& params, cudaStream_t stream);
 absl::Status LaunchMlaDecodeSm90Alternate(const MlaDecodeParams& params, cudaStream_t stream);
+absl::Status LaunchMlaDecodeSm90Transposed(const MlaDecodeParams& params, cudaStream_t stream);
 
 }  // namespace strata::kernels

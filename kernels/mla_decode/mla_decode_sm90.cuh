@@ -199,17 +199,18 @@ __device__ __forceinline__ void WgmmaM64N256Rs(float (&d)[128], const uint32_t (
 #undef STRATA_F16
 #undef STRATA_F4
 
-// Q and the pages as [rows][576] bf16 matrices read in 64 x 64 boxes.
+// Q and the pages as [rows][576] bf16 matrices read in boxes of 64 dims: 64 page rows (tokens),
+// `q_box_rows` Q rows (heads).
 inline absl::Status EncodeMlaSm90Maps(const MlaDecodeParams& params, CUtensorMap* q_map,
-                                      CUtensorMap* kv_map) {
+                                      CUtensorMap* kv_map, uint32_t q_box_rows = 64) {
   const uint64_t row_bytes = kMlaQkHeadDim * 2;
-  const uint32_t box[2] = {kBoxCols, 64};
+  const uint32_t box[2] = {kBoxCols, 64}, q_box[2] = {kBoxCols, q_box_rows};
   const uint64_t q_dims[2] = {kMlaQkHeadDim,
                               static_cast<uint64_t>(params.batch) * params.num_heads_q};
   const uint64_t kv_dims[2] = {kMlaQkHeadDim,
                                static_cast<uint64_t>(params.num_pages) * kMlaPageSize};
   if (absl::Status st =
-          EncodeBf16TensorMap(q_map, params.q, 2, q_dims, &row_bytes, box, "MLA decode q");
+          EncodeBf16TensorMap(q_map, params.q, 2, q_dims, &row_bytes, q_box, "MLA decode q");
       !st.ok()) {
     return st;
   }
