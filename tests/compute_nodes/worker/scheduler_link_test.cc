@@ -196,7 +196,16 @@ TEST(SchedulerLinkTest, PublishesResidentBlocksAsGpuTierEvents) {
   // After a re-registration the state comes again as a digest: two blocks, in pages of two keys.
   const int64_t digests = link.digests_sent();
   scheduler.reregister_once_ = true;
-  ASSERT_TRUE(Eventually([&] { return link.digests_sent() > digests; }));
+  // The link counts a digest page when it sends it; wait until the scheduler has received the
+  // last page too (checking right after the count raced with the delivery).
+  ASSERT_TRUE(Eventually([&] {
+    if (link.digests_sent() <= digests) return false;
+    const std::vector<v1::KvEvent> now = events();
+    for (size_t i = 3; i < now.size(); ++i) {
+      if (now[i].has_digest() && now[i].digest().last_page()) return true;
+    }
+    return false;
+  }));
   seen = events();
   std::set<std::string> digested;
   bool last = false;
