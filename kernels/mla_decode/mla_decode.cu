@@ -69,6 +69,10 @@ absl::Status ValidateMlaDecodeParams(const MlaDecodeParams& p) {
     return Invalid("num_heads_q must be a multiple of 16 in [16, 128], got " +
                    std::to_string(p.num_heads_q));
   }
+  if (p.impl == MlaDecodeImpl::kSm90Transposed && p.num_heads_q != 16 && p.num_heads_q != 32) {
+    return Invalid("the transposed sm90 kernel takes num_heads_q 16 or 32, got " +
+                   std::to_string(p.num_heads_q));
+  }
   if (p.num_pages <= 0) return Invalid("num_pages must be positive");
   if (p.max_pages_per_seq <= 0) return Invalid("max_pages_per_seq must be positive");
   if (p.num_splits < 1 || p.num_splits > kMlaMaxSplits) {
@@ -110,10 +114,6 @@ absl::Status LaunchMlaDecode(const MlaDecodeParams& params, cudaStream_t stream)
   if (named_sm90 && !sm90) {
     return absl::FailedPreconditionError(
         "LaunchMlaDecode: the sm90 kernels need bf16 pages and a compute capability 9.x device");
-  }
-  if (transposed && params.num_heads_q != 16 && params.num_heads_q != 32) {
-    return Invalid("the transposed sm90 kernel takes num_heads_q 16 or 32, got " +
-                   std::to_string(params.num_heads_q));
   }
   // Of the Hopper kernels, kAuto takes the alternating one where the tensor pipe is the bound
   // (more than one 64-head block per sequence: at h_q 128 it measured 1.01-1.04x the other on

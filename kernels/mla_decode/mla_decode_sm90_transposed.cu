@@ -31,12 +31,14 @@ namespace {
 
 constexpr int kBarAll = 3;  // named barrier of all consumers (1 + wg: one consumer warpgroup's)
 
-template <int kN, int kWgs = 1>
+// Shared memory for kN heads and up to two consumer warpgroups (a P^T tile and a reduction
+// buffer each; one warpgroup leaves the second pair unused).
+template <int kN>
 struct TLayout {
   static constexpr int kQBoxBytes = kN * 128;  // kN heads x 64 dims
   static constexpr int kQBytes = kBoxes * kQBoxBytes;
-  static constexpr int kPBytes = kWgs * kN * 128;  // P^T per warpgroup: kN heads x 64 tokens
-  static constexpr int kRedBytes = kWgs * 4 * kN * 4 + 2 * kN * 4;  // per warp, + m/l to merge
+  static constexpr int kPBytes = 2 * kN * 128;  // P^T per warpgroup: kN heads x 64 tokens
+  static constexpr int kRedBytes = 2 * 4 * kN * 4 + 2 * kN * 4;  // per warp, + m/l to merge
   static constexpr int kBarReserve = 512;
   static constexpr int kSlots =
       (227 * 1024 - 1024 - kQBytes - kPBytes - kRedBytes - kBarReserve) / kBoxBytes;
@@ -111,7 +113,7 @@ __device__ __forceinline__ void LoadQAndBoxes(const MlaDecodeParams& p, const CU
                                               const CUtensorMap* kv_map, uint8_t* sq, uint8_t* ring,
                                               uint64_t* q_full, uint64_t* full, uint64_t* empty,
                                               int b, const SplitTiles& tiles, int lane) {
-  using L = TLayout<kN, 2>;
+  using L = TLayout<kN>;
   const int32_t* table =
       p.block_table + static_cast<size_t>(b) * p.max_pages_per_seq + tiles.tile_begin;
   if (lane == 0) {
@@ -145,8 +147,7 @@ template <int kN>
 __device__ __forceinline__ void WaitTile(uint64_t* full, int seq) {
 #pragma unroll 1
   for (int box = 0; box < kBoxes; ++box) {
-    MbarWait(&full[(seq + box) % TLayout<kN, 2>::kSlots],
-             ((seq + box) / TLayout<kN, 2>::kSlots) & 1);
+    MbarWait(&full[(seq + box) % TLayout<kN>::kSlots], ((seq + box) / TLayout<kN>::kSlots) & 1);
   }
 }
 
@@ -158,12 +159,12 @@ __device__ __forceinline__ void IssueScores(float (&sc)[kChains][kN / 2], const 
   WgmmaFence();
 #pragma unroll
   for (int box = 0; box < kBoxes; ++box) {
-    const uint8_t* kbox = ring + ((seq + box) % TLayout<kN, 2>::kSlots) * kBoxBytes;
+    const uint8_t* kbox = ring + ((seq + box) % TLayout<kN>::kSlots) * kBoxBytes;
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
       const int step = 4 * box + kk;
       const uint64_t a = DescKMajorSw128(kbox + kk * 32);
-      const uint64_t b = DescKMajorSw128(sq + box * TLayout<kN, 2>::kQBoxBytes + kk * 32);
+      const uint64_t b = DescKMajorSw128(sq + box * TLayout<kN>::kQBoxBytes + kk * 32);
       if (step < kChains) {
         WgmmaM64First<kN>(sc[step], a, b);
       } else {
@@ -179,7 +180,7 @@ __global__ void __launch_bounds__(128 * (kWgs + 1), 1)
     MlaDecodeSm90TransposedKernel(const __grid_constant__ MlaDecodeParams p,
                                   const __grid_constant__ CUtensorMap q_map,
                                   const __grid_constant__ CUtensorMap kv_map) {
-  using L = TLayout<kN, 2>;
+  using L = TLayout<kN>;
   constexpr int kC = kN / 4;  // heads per thread: 8 (c / 2) + 2 (lane % 4) + c % 2
   PdlGridSync();
   extern __shared__ uint8_t smem_raw[];
@@ -189,7 +190,7 @@ __global__ void __launch_bounds__(128 * (kWgs + 1), 1)
   const int tid = threadIdx.x % 128, wg = threadIdx.x / 128, warp = tid / 32, lane = tid % 32;
   uint8_t* sp = smem + L::kPOffset + wg * kN * 128;
   float* red = reinterpret_cast<float*>(smem + L::kRedOffset) + wg * 4 * kN;      // [4 warps][kN]
-  float* merge = reinterpret_cast<float*>(smem + L::kRedOffset) + kWgs * 4 * kN;  // m, l [kN]
+  float* merge = reinterpret_cast<float*>(smem + L::kRedOffset) + 2 * 4 * kN;  // m, l [kN]
   uint64_t* q_full = reinterpret_cast<uint64_t*>(smem + L::kBarOffset);
   uint64_t* full = q_full + 1;
   uint64_t* empty = full + L::kSlots;
@@ -214,8 +215,11 @@ __global__ void __launch_bounds__(128 * (kWgs + 1), 1)
 
   // The consumer warpgroup. In S^T and O^T this thread holds rows 16 warp + lane / 4 + {0, 8}
   // (tokens, or latent dims within a chunk) and, in both, the head columns of Head(c).
+  // Accumulator element k of a thread: head column c = ColumnOf(k), row tok0 + 8 ((k / 2) % 2).
   const auto head = [lane](int c) { return 8 * (c / 2) + 2 * (lane % 4) + c % 2; };
+  const auto column_of = [](int k) { return 2 * (k / 4) + k % 2; };
   const int tok0 = 16 * warp + lane / 4;
+  const auto dim_of = [tok0](int ch, int k) { return 64 * ch + tok0 + 8 * ((k / 2) % 2); };
   const float scale_log2 = p.softmax_scale * 1.4426950408889634f;
   float o[8][kN / 2];
 #pragma unroll
@@ -305,7 +309,7 @@ __global__ void __launch_bounds__(128 * (kWgs + 1), 1)
 #pragma unroll
       for (int ch = 0; ch < 8; ++ch) {
 #pragma unroll
-        for (int k = 0; k < kN / 2; ++k) o[ch][k] *= alpha[2 * (k / 4) + k % 2];
+        for (int k = 0; k < kN / 2; ++k) o[ch][k] *= alpha[column_of(k)];
         PinRegisters(o[ch]);
       }
       WgmmaFence();
@@ -324,21 +328,21 @@ __global__ void __launch_bounds__(128 * (kWgs + 1), 1)
       // tile's, so they are released first.
       const bool next = i + kWgs < tiles.n;
       const int next_seq = next ? seq + kWgs * kBoxes : seq;
-      if constexpr (kWgs == 2) {
-        WgmmaWait<0>();
+      const auto release_latent = [&] {  // once O^T has completed
 #pragma unroll
         for (int ch = 0; ch < 8; ++ch) PinRegisters(o[ch]);
 #pragma unroll
         for (int ch = 0; ch < 8; ++ch) MbarArrive(&empty[(seq + ch) % L::kSlots]);
+      };
+      if constexpr (kWgs == 2) {
+        WgmmaWait<0>();
+        release_latent();
       }
       if (next) WaitTile<kN>(full, next_seq);
       IssueScores<kN, kChains>(sc, ring, sq, next_seq);
       if constexpr (kWgs == 1) {
         WgmmaWait<1>();
-#pragma unroll
-        for (int ch = 0; ch < 8; ++ch) PinRegisters(o[ch]);
-#pragma unroll
-        for (int ch = 0; ch < 8; ++ch) MbarArrive(&empty[(seq + ch) % L::kSlots]);
+        release_latent();
       }
       WgmmaWait<0>();
       i += kWgs;
@@ -364,9 +368,12 @@ __global__ void __launch_bounds__(128 * (kWgs + 1), 1)
   }
   // Two warpgroups: warpgroup 1 leaves its max, sum and unnormalised O in the idle ring (once both
   // are done with it), warpgroup 0 merges them into its own.
-  float f_own[kC], f_other[kC];
+  float f_own[kC], f_other[kC];  // the weights of this warpgroup's O and of the other's
 #pragma unroll
-  for (int c = 0; c < kC; ++c) f_own[c] = f_other[c] = 0.f;
+  for (int c = 0; c < kC; ++c) {
+    f_own[c] = 1.f;
+    f_other[c] = 0.f;
+  }
   if constexpr (kWgs == 2) {
     NamedBarrier(kBarAll, 256);
     if (wg == 1) {
@@ -381,8 +388,7 @@ __global__ void __launch_bounds__(128 * (kWgs + 1), 1)
       for (int ch = 0; ch < 8; ++ch) {
 #pragma unroll
         for (int k = 0; k < kN / 2; ++k) {
-          const int c = 2 * (k / 4) + k % 2, dim = 64 * ch + tok0 + 8 * ((k / 2) % 2);
-          stage[head(c) * L::kStageStride + dim] = o[ch][k];
+          stage[head(column_of(k)) * L::kStageStride + dim_of(ch, k)] = o[ch][k];
         }
       }
     }
@@ -398,9 +404,6 @@ __global__ void __launch_bounds__(128 * (kWgs + 1), 1)
         m_run[c] = m;
       }
     }
-  } else {
-#pragma unroll
-    for (int c = 0; c < kC; ++c) f_own[c] = 1.f;
   }
 #pragma unroll
   for (int c = 0; c < kC; ++c) inv[c] = l_tot[c] > 0.f ? 1.f / l_tot[c] : 0.f;
@@ -409,8 +412,8 @@ __global__ void __launch_bounds__(128 * (kWgs + 1), 1)
     for (int ch = 0; ch < 8; ++ch) {
 #pragma unroll
       for (int k = 0; k < kN / 2; ++k) {
-        const int c = 2 * (k / 4) + k % 2, dim = 64 * ch + tok0 + 8 * ((k / 2) % 2);
-        float& x = stage[head(c) * L::kStageStride + dim];
+        const int c = column_of(k);
+        float& x = stage[head(c) * L::kStageStride + dim_of(ch, k)];
         x = (o[ch][k] * f_own[c] + (kWgs == 2 ? x * f_other[c] : 0.f)) * inv[c];
       }
     }
@@ -450,9 +453,9 @@ absl::Status LaunchTransposed(const MlaDecodeParams& params, cudaStream_t stream
   if (absl::Status st = EncodeMlaSm90Maps(params, &q_map, &kv_map, kN); !st.ok()) return st;
   const auto kernel = MlaDecodeSm90TransposedKernel<kN, kChains, kWgs>;
   CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            TLayout<kN, 2>::kSmemBytes));
+                                            TLayout<kN>::kSmemBytes));
   const dim3 grid(1, params.num_splits, params.batch);
-  (void)LaunchPdl(kernel, grid, dim3(128 * (kWgs + 1)), TLayout<kN, 2>::kSmemBytes, stream, params,
+  (void)LaunchPdl(kernel, grid, dim3(128 * (kWgs + 1)), TLayout<kN>::kSmemBytes, stream, params,
                   q_map, kv_map);
   CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();

@@ -2,6 +2,8 @@
 // validation happens before any CUDA call).
 #include <gtest/gtest.h>
 
+#include <string>
+
 #include "kernels/mla_decode/mla_decode.h"
 
 namespace strata::kernels {
@@ -51,6 +53,18 @@ TEST(MlaDecodeParamsTest, RejectsBadArguments) {
     p.out = reinterpret_cast<__nv_bfloat16*>(reinterpret_cast<char*>(p.out) + 2);
   }));
   EXPECT_TRUE(rejects([](MlaDecodeParams& p) { p.max_pages_per_seq = 0; }));
+}
+
+TEST(MlaDecodeParamsTest, TransposedKernelRefusesOtherHeadCounts) {
+  EXPECT_FALSE(MlaDecodeSm90TransposedApplies(48, MlaKvDtype::kBf16));
+  EXPECT_FALSE(MlaDecodeSm90TransposedApplies(16, MlaKvDtype::kFp8E4M3));
+  MlaDecodeParams p = ValidParams();  // 64 heads
+  p.impl = MlaDecodeImpl::kSm90Transposed;
+  const absl::Status st = LaunchMlaDecode(p, nullptr);  // host pointers: must refuse first
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(st.message().find("num_heads_q 16 or 32"), std::string::npos) << st;
+  p.num_heads_q = 16;
+  EXPECT_TRUE(ValidateMlaDecodeParams(p).ok());
 }
 
 TEST(MlaDecodeParamsTest, LaunchRejectsBeforeTouchingTheDevice) {
