@@ -105,7 +105,8 @@ absl::Status LaunchMlaDecode(const MlaDecodeParams& params, cudaStream_t stream)
   if (absl::Status st = ValidateMlaDecodeParams(params); !st.ok()) return st;
   const bool sm90 = params.impl != MlaDecodeImpl::kMmaSync && MlaDecodeSm90Applies(params.kv_dtype);
   // kAuto takes the transposed kernel at h_q 16 (1.02-1.17x the 64-row one at 4K-32K, b = 128,
-  // kernels/mla_decode/NOTES.md); at 32 it is not measured against it, so taken by name only.
+  // kernels/mla_decode/NOTES.md); at 32, with one consumer warpgroup, it measured 0.60-0.67x
+  // the 64-row one (NOTES.md v6), so it is taken there by name only.
   const bool transposed = params.impl == MlaDecodeImpl::kSm90Transposed ||
                           (sm90 && params.impl == MlaDecodeImpl::kAuto && params.num_heads_q == 16);
   const bool named_sm90 = params.impl == MlaDecodeImpl::kSm90 ||
