@@ -35,7 +35,7 @@ CacheControlService::CacheControlService(BlockStore& store, Options options)
           {"transport", "direction"})) {}
 
 std::string CacheControlService::TransportOf(const std::string& client_id) {
-  absl::MutexLock lock(&clients_mu_);
+  std::lock_guard<std::mutex> lock(clients_mu_);
   auto it = client_transport_.find(client_id);
   return it == client_transport_.end() ? "unknown" : it->second;
 }
@@ -86,7 +86,7 @@ grpc::Status CacheControlService::Connect(grpc::ServerContext*, const v1::Connec
       break;
   }
   {
-    absl::MutexLock lock(&clients_mu_);
+    std::lock_guard<std::mutex> lock(clients_mu_);
     // Bounded: client ids are node ids; a map this large means ids are not being reused.
     if (client_transport_.size() >= 100000) client_transport_.clear();
     client_transport_[req->client_id()] = name;

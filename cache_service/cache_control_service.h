@@ -11,7 +11,6 @@
 #include <string>
 
 #include "absl/container/flat_hash_map.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "cache_service/block_store.h"
 #include "common/metrics.h"
@@ -66,8 +65,8 @@ class CacheControlService final : public v1::CacheControl::Service {
   // slots or read leases are granted.
   MetricFamily<Counter>& transport_bytes_;
   std::string TransportOf(const std::string& client_id);
-  absl::Mutex clients_mu_;
-  absl::flat_hash_map<std::string, std::string> client_transport_ ABSL_GUARDED_BY(clients_mu_);
+  std::mutex clients_mu_;
+  absl::flat_hash_map<std::string, std::string> client_transport_;  // guarded by clients_mu_
 };
 
 }  // namespace strata::cache

@@ -22,12 +22,12 @@ HostKvPool::HostKvPool(KvLayout layout, int64_t num_pages, KvPrecision precision
       storage_(static_cast<size_t>(num_pages * layout.floats_per_page()), 0.0f) {}
 
 int64_t KvPool::free_pages() const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   return static_cast<int64_t>(free_.size());
 }
 
 absl::StatusOr<int32_t> KvPool::Allocate() {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   if (free_.empty()) {
     return absl::ResourceExhaustedError(StrCat("KV pool: all ", num_pages_, " pages in use"));
   }
@@ -38,7 +38,7 @@ absl::StatusOr<int32_t> KvPool::Allocate() {
 }
 
 void KvPool::Free(int32_t page) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   if (page < 0 || page >= num_pages_ || !in_use_[page]) return;
   in_use_[page] = false;
   free_.push_back(page);

@@ -17,12 +17,12 @@
 
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "common/host_buffer.h"
 
 namespace strata::runtime {
@@ -129,9 +129,9 @@ class KvPool {
  private:
   KvLayout layout_;
   int64_t num_pages_;
-  mutable absl::Mutex mu_;
-  std::vector<int32_t> free_ ABSL_GUARDED_BY(mu_);
-  std::vector<bool> in_use_ ABSL_GUARDED_BY(mu_);
+  mutable std::mutex mu_;
+  std::vector<int32_t> free_;  // guarded by mu_
+  std::vector<bool> in_use_;   // guarded by mu_
 };
 
 // Pages in host memory, fp32 (the CPU backend).

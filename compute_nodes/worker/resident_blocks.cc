@@ -11,7 +11,7 @@ ResidentBlocks::ResidentBlocks(runtime::KvPool& pool, bool enabled)
 
 ResidentBlocks::~ResidentBlocks() {
   DropIdle();
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   if (!blocks_.empty()) {
     spdlog::error("resident blocks: {} blocks still held by sequences at shutdown", blocks_.size());
   }
@@ -20,7 +20,7 @@ ResidentBlocks::~ResidentBlocks() {
 int64_t ResidentBlocks::Acquire(std::span<const BlockKey> keys, runtime::PageTable* table,
                                 int64_t* saved) {
   STRATA_CHECK(table->pages.empty(), "ResidentBlocks::Acquire: the table already has pages");
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   *saved = 0;
   bool saved_run = true;
   for (const BlockKey& key : keys) {
@@ -39,7 +39,7 @@ int64_t ResidentBlocks::Acquire(std::span<const BlockKey> keys, runtime::PageTab
 }
 
 int64_t ResidentBlocks::available_pages() const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   return pool_.free_pages() + static_cast<int64_t>(idle_.size());
 }
 
@@ -48,7 +48,7 @@ absl::Status ResidentBlocks::EnsureCapacity(runtime::PageTable& table, int64_t t
   const int64_t need = (tokens + b - 1) / b - static_cast<int64_t>(table.pages.size());
   if (need <= 0) return absl::OkStatus();
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     const int64_t idle = static_cast<int64_t>(idle_.size());
     if (need > pool_.free_pages() + idle) {
       return absl::ResourceExhaustedError(StrCat("KV pool: ", need, " pages needed, ",
@@ -64,7 +64,7 @@ void ResidentBlocks::Publish(std::span<const BlockKey> keys, int64_t saved,
                              const runtime::PageTable& table, size_t from) {
   if (!enabled_) return;
   STRATA_CHECK(keys.size() <= table.pages.size(), "ResidentBlocks::Publish: more keys than pages");
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   for (size_t i = from; i < keys.size(); ++i) {
     const int32_t page = table.pages[i];
     if (by_page_.contains(page) || blocks_.contains(keys[i])) continue;
@@ -81,7 +81,7 @@ void ResidentBlocks::Publish(std::span<const BlockKey> keys, int64_t saved,
 void ResidentBlocks::Release(std::span<const BlockKey> keys, int64_t saved,
                              runtime::PageTable& table) {
   STRATA_CHECK(keys.size() <= table.pages.size(), "ResidentBlocks::Release: more keys than pages");
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   // Tail first: idle_ is reclaimed from its front, so the chain's head goes last.
   for (size_t i = table.pages.size(); i-- > 0;) {
     const int32_t page = table.pages[i];
@@ -108,7 +108,7 @@ void ResidentBlocks::Release(std::span<const BlockKey> keys, int64_t saved,
 }
 
 void ResidentBlocks::Discard(runtime::PageTable& table) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   for (const int32_t page : table.pages) {
     auto held = by_page_.find(page);
     if (held == by_page_.end()) {
@@ -123,14 +123,14 @@ void ResidentBlocks::Discard(runtime::PageTable& table) {
 }
 
 int64_t ResidentBlocks::DropIdle() {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   const int64_t n = static_cast<int64_t>(idle_.size());
   while (!idle_.empty()) ReclaimOneLocked();
   return n;
 }
 
 int64_t ResidentBlocks::Forget(std::span<const BlockKey> keys) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   int64_t n = 0;
   for (const BlockKey& key : keys) {
     auto it = blocks_.find(key);
@@ -149,7 +149,7 @@ int64_t ResidentBlocks::Forget(std::span<const BlockKey> keys) {
 }
 
 int64_t ResidentBlocks::MarkUnsaved(std::span<const BlockKey> keys) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   int64_t n = 0;
   for (const BlockKey& key : keys) {
     auto it = blocks_.find(key);
@@ -196,41 +196,41 @@ void ResidentBlocks::NoteLocked(Change change) {
 }
 
 int64_t ResidentBlocks::resident_blocks() const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   return static_cast<int64_t>(blocks_.size());
 }
 
 int64_t ResidentBlocks::idle_blocks() const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   return static_cast<int64_t>(idle_.size());
 }
 
 int64_t ResidentBlocks::hit_blocks() const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   return hits_;
 }
 
 ResidentBlocks::Changes ResidentBlocks::TakeChanges() {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   Changes out = std::move(changes_);
   changes_ = Changes{};
   return out;
 }
 
 void ResidentBlocks::TrackTouches() {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   track_touches_ = true;
 }
 
 std::vector<BlockKey> ResidentBlocks::TakeTouched() {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   std::vector<BlockKey> keys(touched_.begin(), touched_.end());
   touched_.clear();
   return keys;
 }
 
 std::vector<BlockKey> ResidentBlocks::Keys() const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   std::vector<BlockKey> keys;
   keys.reserve(blocks_.size());
   for (const auto& [key, block] : blocks_) keys.push_back(key);
@@ -238,7 +238,7 @@ std::vector<BlockKey> ResidentBlocks::Keys() const {
 }
 
 std::vector<BlockKey> ResidentBlocks::SavedKeys() const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   std::vector<BlockKey> keys;
   for (const auto& [key, block] : blocks_) {
     if (block.saved && !block.forgotten) keys.push_back(key);
