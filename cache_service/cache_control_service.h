@@ -8,8 +8,10 @@
 #include <grpcpp/grpcpp.h>
 
 #include <atomic>
+#include <mutex>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/time/time.h"
 #include "cache_service/block_store.h"
@@ -66,7 +68,7 @@ class CacheControlService final : public v1::CacheControl::Service {
   MetricFamily<Counter>& transport_bytes_;
   std::string TransportOf(const std::string& client_id);
   std::mutex clients_mu_;
-  absl::flat_hash_map<std::string, std::string> client_transport_;  // guarded by clients_mu_
+  absl::flat_hash_map<std::string, std::string> client_transport_ ABSL_GUARDED_BY(clients_mu_);
 };
 
 }  // namespace strata::cache

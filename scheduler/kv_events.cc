@@ -80,7 +80,7 @@ absl::Status KvEventSink::Apply(NodeIndex node, const v1::KvEvent& event) {
   // digest brings it back in sync).
   uint32_t named = 0;
   {
-    absl::MutexLock lock(&mu_);
+    std::lock_guard<std::mutex> lock(mu_);
     SourceState& s = sources_[{node, event.source()}];
     for (const std::optional<CacheTier>& t : {tier, to}) {
       if (t.has_value()) s.tiers |= 1u << static_cast<uint32_t>(*t);
@@ -125,7 +125,7 @@ absl::Status KvEventSink::Apply(NodeIndex node, const v1::KvEvent& event) {
 }
 
 bool KvEventSink::OutOfSync(NodeIndex node) const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   for (const auto& [id, state] : sources_) {
     if (id.first == node && state.out_of_sync) return true;
   }

@@ -12,12 +12,13 @@
 // Thread safety: safe to call concurrently (the index locks; the sequence map has its own mutex).
 #pragma once
 
+#include <mutex>
 #include <optional>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
-#include "absl/synchronization/mutex.h"
 #include "scheduler/prefix_index.h"
 #include "strata/v1/events.pb.h"
 
@@ -43,7 +44,7 @@ class KvEventSink {
   };
 
   PrefixIndex* index_;
-  mutable absl::Mutex mu_;
+  mutable std::mutex mu_;
   absl::flat_hash_map<std::pair<NodeIndex, std::string>, SourceState> sources_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -12,7 +12,7 @@ LoadView::LoadView(absl::Duration heartbeat_interval, int missed_heartbeats_limi
 
 NodeIndex LoadView::Register(const std::string& id, const std::string& host, NodeRoleKind role,
                              absl::Time now) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   auto it = by_id_.find(id);
   NodeIndex index;
   if (it != by_id_.end()) {
@@ -34,7 +34,7 @@ NodeIndex LoadView::Register(const std::string& id, const std::string& host, Nod
 }
 
 absl::Status LoadView::Heartbeat(const std::string& id, const NodeLoad& load, absl::Time now) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   auto it = by_id_.find(id);
   if (it == by_id_.end()) return absl::NotFoundError(StrCat("heartbeat from unknown node ", id));
   NodeView& n = nodes_[it->second];
@@ -45,7 +45,7 @@ absl::Status LoadView::Heartbeat(const std::string& id, const NodeLoad& load, ab
 }
 
 absl::Status LoadView::SetDraining(const std::string& id, bool draining) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   auto it = by_id_.find(id);
   if (it == by_id_.end()) return absl::NotFoundError(StrCat("unknown node ", id));
   nodes_[it->second].draining = draining;
@@ -53,7 +53,7 @@ absl::Status LoadView::SetDraining(const std::string& id, bool draining) {
 }
 
 absl::Status LoadView::MarkDead(const std::string& id) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   auto it = by_id_.find(id);
   if (it == by_id_.end()) return absl::NotFoundError(StrCat("unknown node ", id));
   NodeView& n = nodes_[it->second];
@@ -63,7 +63,7 @@ absl::Status LoadView::MarkDead(const std::string& id) {
 }
 
 std::vector<NodeIndex> LoadView::CheckLiveness(absl::Time now) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   std::vector<NodeIndex> dead;
   const absl::Duration limit = heartbeat_interval_ * missed_heartbeats_limit_;
   for (NodeView& n : nodes_) {
@@ -77,7 +77,7 @@ std::vector<NodeIndex> LoadView::CheckLiveness(absl::Time now) {
 }
 
 void LoadView::AddPrefill(NodeIndex node, uint64_t tokens, double seconds) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   if (node >= nodes_.size()) return;
   Outstanding& o = nodes_[node].outstanding;
   ++o.prefill_requests;
@@ -86,7 +86,7 @@ void LoadView::AddPrefill(NodeIndex node, uint64_t tokens, double seconds) {
 }
 
 void LoadView::FinishPrefill(NodeIndex node, uint64_t tokens, double seconds) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   if (node >= nodes_.size()) return;
   Outstanding& o = nodes_[node].outstanding;
   o.prefill_requests -= std::min<uint32_t>(o.prefill_requests, 1);
@@ -99,7 +99,7 @@ void LoadView::FinishPrefill(NodeIndex node, uint64_t tokens, double seconds) {
 }
 
 void LoadView::AddDecode(NodeIndex node, uint64_t context_tokens) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   if (node >= nodes_.size()) return;
   Outstanding& o = nodes_[node].outstanding;
   ++o.decode_requests;
@@ -107,7 +107,7 @@ void LoadView::AddDecode(NodeIndex node, uint64_t context_tokens) {
 }
 
 void LoadView::FinishDecode(NodeIndex node, uint64_t context_tokens) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   if (node >= nodes_.size()) return;
   Outstanding& o = nodes_[node].outstanding;
   o.decode_requests -= std::min<uint32_t>(o.decode_requests, 1);
@@ -115,7 +115,7 @@ void LoadView::FinishDecode(NodeIndex node, uint64_t context_tokens) {
 }
 
 absl::StatusOr<NodeIndex> LoadView::Find(const std::string& id) const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   auto it = by_id_.find(id);
   if (it == by_id_.end()) return absl::NotFoundError(StrCat("unknown node ", id));
   return it->second;
@@ -128,13 +128,13 @@ std::vector<NodeView> LoadView::Snapshot() const {
 }
 
 void LoadView::SnapshotInto(std::vector<NodeView>& out) const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   out.resize(nodes_.size());
   std::copy(nodes_.begin(), nodes_.end(), out.begin());
 }
 
 size_t LoadView::size() const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   return nodes_.size();
 }
 

@@ -10,12 +10,13 @@
 // Thread safety: all methods are safe to call concurrently.
 #pragma once
 
+#include <mutex>
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "scheduler/types.h"
 
@@ -94,7 +95,7 @@ class LoadView {
  private:
   const absl::Duration heartbeat_interval_;
   const int missed_heartbeats_limit_;
-  mutable absl::Mutex mu_;
+  mutable std::mutex mu_;
   std::vector<NodeView> nodes_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, NodeIndex> by_id_ ABSL_GUARDED_BY(mu_);
 };

@@ -98,14 +98,14 @@ void PrefixIndex::EraseLocked(absl::flat_hash_map<BlockKey, Entry>::iterator it)
 }
 
 void PrefixIndex::Stored(NodeIndex node, CacheTier tier, std::span<const BlockKey> keys) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   ++events_applied_;
   for (const BlockKey& key : keys) AddHolderLocked(key, MakeHolder(node, tier));
 }
 
 void PrefixIndex::Moved(NodeIndex node, CacheTier from, CacheTier to,
                         std::span<const BlockKey> keys) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   ++events_applied_;
   for (const BlockKey& key : keys) {
     // Add first so the entry (and its LRU position) survives the removal.
@@ -116,13 +116,13 @@ void PrefixIndex::Moved(NodeIndex node, CacheTier from, CacheTier to,
 
 void PrefixIndex::Evicted(NodeIndex node, std::optional<CacheTier> tier,
                           std::span<const BlockKey> keys) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   ++events_applied_;
   for (const BlockKey& key : keys) RemoveHolderLocked(key, node, tier);
 }
 
 void PrefixIndex::Quarantined(const BlockKey& key) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   ++events_applied_;
   auto it = entries_.find(key);
   if (it != entries_.end()) EraseLocked(it);
@@ -142,14 +142,14 @@ void PrefixIndex::RemoveNodeLocked(NodeIndex node, uint32_t tiers) {
 }
 
 void PrefixIndex::RemoveNode(NodeIndex node) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   absl::erase_if(digests_, [&](const auto& d) { return d.first.first == node; });
   RemoveNodeLocked(node);
 }
 
 void PrefixIndex::DigestPage(NodeIndex node, std::string_view source, uint64_t digest_id,
                              CacheTier tier, std::span<const BlockKey> keys, bool last_page) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   const std::pair<NodeIndex, std::string> id(node, std::string(source));
   PendingDigest& pending = digests_[id];
   if (pending.digest_id != digest_id) {
@@ -168,7 +168,7 @@ void PrefixIndex::DigestPage(NodeIndex node, std::string_view source, uint64_t d
 }
 
 PrefixMatch PrefixIndex::Match(std::span<const BlockKey> keys) {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   PrefixMatch match;
   touched_.clear();
   for (uint32_t i = 0; i < keys.size(); ++i) {
@@ -203,7 +203,7 @@ PrefixMatch PrefixIndex::Match(std::span<const BlockKey> keys) {
 }
 
 bool PrefixIndex::Holds(NodeIndex node, const BlockKey& key) const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   auto it = entries_.find(key);
   if (it == entries_.end()) return false;
   return std::any_of(it->second.holders.begin(), it->second.holders.end(),
@@ -211,13 +211,13 @@ bool PrefixIndex::Holds(NodeIndex node, const BlockKey& key) const {
 }
 
 uint64_t PrefixIndex::BlocksHeldBy(NodeIndex node) const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   auto it = blocks_per_node_.find(node);
   return it == blocks_per_node_.end() ? 0 : it->second;
 }
 
 PrefixIndexStats PrefixIndex::Stats() const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   PrefixIndexStats s;
   s.indexed_blocks = entries_.size();
   s.holders = holders_;

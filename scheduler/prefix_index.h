@@ -16,14 +16,15 @@
 
 #include <cstdint>
 #include <list>
+#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/inlined_vector.h"
-#include "absl/synchronization/mutex.h"
 #include "common/block_key.h"
 #include "scheduler/types.h"
 
@@ -120,7 +121,7 @@ class PrefixIndex {
   void RemoveNodeLocked(NodeIndex node, uint32_t tiers = 7) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const uint64_t capacity_blocks_;
-  mutable absl::Mutex mu_;
+  mutable std::mutex mu_;
   absl::flat_hash_map<BlockKey, Entry> entries_ ABSL_GUARDED_BY(mu_);
   std::list<BlockKey> lru_ ABSL_GUARDED_BY(mu_);  // front = most recently used
   absl::flat_hash_map<std::pair<NodeIndex, std::string>, PendingDigest> digests_

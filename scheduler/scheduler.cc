@@ -19,7 +19,7 @@ absl::StatusOr<std::unique_ptr<Scheduler>> Scheduler::Create(const SchedulerOpti
 
 absl::StatusOr<Placement> Scheduler::Decide(const PlacementRequest& request) {
   PrefixMatch match = index_.Match(request.keys);
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   load_.SnapshotInto(snapshot_);
   PlacementContext context;
   context.nodes = snapshot_;
@@ -44,7 +44,7 @@ void Scheduler::ReportPrefillDone(const Placement& placement, uint64_t new_token
   load_.FinishPrefill(placement.prefill, placement.new_tokens,
                       placement.predicted_load_s + placement.predicted_prefill_s);
   if (!options_.calibrate_prefill) return;
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   calibrator_.Observe(double(new_tokens), double(cached_tokens), compute_s);
 }
 
@@ -54,18 +54,18 @@ void Scheduler::ReportDecodeDone(const Placement& placement, uint64_t context_to
 
 absl::Status Scheduler::SetPolicy(const std::string& name) {
   ASSIGN_OR_RETURN(auto policy, MakePolicy(name, options_.seed));
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   policy_ = std::move(policy);
   return absl::OkStatus();
 }
 
 std::string Scheduler::policy_name() const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   return std::string(policy_->name());
 }
 
 PrefillModel Scheduler::prefill_model() const {
-  absl::MutexLock lock(&mu_);
+  std::lock_guard<std::mutex> lock(mu_);
   return calibrator_.Model();
 }
 

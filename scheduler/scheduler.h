@@ -9,9 +9,10 @@
 #pragma once
 
 #include <memory>
+#include <mutex>
 #include <string>
 
-#include "absl/synchronization/mutex.h"
+#include "absl/base/thread_annotations.h"
 #include "scheduler/cost_model.h"
 #include "scheduler/load_view.h"
 #include "scheduler/placement/policy.h"
@@ -56,7 +57,7 @@ class Scheduler {
   SchedulerOptions options_;
   PrefixIndex index_;
   LoadView load_;
-  mutable absl::Mutex mu_;
+  mutable std::mutex mu_;
   std::unique_ptr<PlacementPolicy> policy_ ABSL_GUARDED_BY(mu_);
   PrefillCalibrator calibrator_ ABSL_GUARDED_BY(mu_);
   std::vector<NodeView> snapshot_ ABSL_GUARDED_BY(mu_);

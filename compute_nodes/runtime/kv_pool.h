@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "common/host_buffer.h"
 
@@ -130,8 +131,8 @@ class KvPool {
   KvLayout layout_;
   int64_t num_pages_;
   mutable std::mutex mu_;
-  std::vector<int32_t> free_;  // guarded by mu_
-  std::vector<bool> in_use_;   // guarded by mu_
+  std::vector<int32_t> free_ ABSL_GUARDED_BY(mu_);
+  std::vector<bool> in_use_ ABSL_GUARDED_BY(mu_);
 };
 
 // Pages in host memory, fp32 (the CPU backend).

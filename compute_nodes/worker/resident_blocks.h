@@ -33,6 +33,7 @@
 #include <span>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
@@ -127,25 +128,26 @@ class ResidentBlocks {
   };
 
   // Forgets the least recently released idle block and frees its page.
-  void ReclaimOneLocked();  // mu_ held
+  void ReclaimOneLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Frees the page of a block not in idle_ and forgets the block (noting its removal).
-  void EraseLocked(absl::flat_hash_map<BlockKey, Block>::iterator it);  // mu_ held
+  void EraseLocked(absl::flat_hash_map<BlockKey, Block>::iterator it)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A block whose last holder let go: idle, or gone if it was forgotten meanwhile.
-  void LetGoLocked(BlockKey key);  // mu_ held
-  void NoteLocked(Change change);  // mu_ held
+  void LetGoLocked(BlockKey key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void NoteLocked(Change change) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   runtime::KvPool& pool_;
   const bool enabled_;
   mutable std::mutex mu_;
-  absl::flat_hash_map<BlockKey, Block> blocks_;     // guarded by mu_
-  absl::flat_hash_map<int32_t, BlockKey> by_page_;  // guarded by mu_
+  absl::flat_hash_map<BlockKey, Block> blocks_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<int32_t, BlockKey> by_page_ ABSL_GUARDED_BY(mu_);
   // Idle blocks, the next to reclaim first. A released chain enters tail first, so its head,
   // which every longer prompt with that prefix needs, is reclaimed last.
-  std::list<BlockKey> idle_;               // guarded by mu_
-  int64_t hits_ = 0;                       // guarded by mu_
-  Changes changes_;                        // guarded by mu_
-  bool track_touches_ = false;             // guarded by mu_
-  absl::flat_hash_set<BlockKey> touched_;  // guarded by mu_
+  std::list<BlockKey> idle_ ABSL_GUARDED_BY(mu_);
+  int64_t hits_ ABSL_GUARDED_BY(mu_) = 0;
+  Changes changes_ ABSL_GUARDED_BY(mu_);
+  bool track_touches_ ABSL_GUARDED_BY(mu_) = false;
+  absl::flat_hash_set<BlockKey> touched_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace strata::worker
