@@ -42,11 +42,14 @@ function(strata_cc_test)
   target_include_directories(${ARG_NAME} PRIVATE ${PROJECT_SOURCE_DIR})  # "tests/util/..."
   target_link_libraries(${ARG_NAME} PRIVATE ${ARG_DEPS} strata::test_main)
   add_test(NAME ${ARG_NAME} COMMAND ${ARG_NAME} ${ARG_ARGS})
+  # TSAN_OPTIONS only matters in TSan builds (STRATA_SANITIZE=thread): tests/tsan.supp hides races
+  # inside the uninstrumented Debian libraries, and a race in Strata's own code stops the test.
+  set(_tsan "TSAN_OPTIONS=suppressions=${PROJECT_SOURCE_DIR}/tests/tsan.supp halt_on_error=1 second_deadlock_stack=1")
   set_tests_properties(${ARG_NAME} PROPERTIES
     LABELS "${ARG_LABELS}"
     TIMEOUT ${ARG_TIMEOUT}
     SKIP_REGULAR_EXPRESSION "\\[  SKIPPED \\]"
-    ENVIRONMENT "STRATA_SOURCE_DIR=${PROJECT_SOURCE_DIR};STRATA_BINARY_DIR=${PROJECT_BINARY_DIR};${ARG_ENV}")
+    ENVIRONMENT "STRATA_SOURCE_DIR=${PROJECT_SOURCE_DIR};STRATA_BINARY_DIR=${PROJECT_BINARY_DIR};${_tsan};${ARG_ENV}")
 endfunction()
 
 function(strata_cc_benchmark)

@@ -46,51 +46,67 @@ __device__ __forceinline__ SplitTiles TilesOfSplit(const MlaDecodeParams& p, int
   return {seqlen, tile_begin, min(num_tiles, tile_begin + per_split) - tile_begin};
 }
 
-// Thread 0 initialises Q's barrier and the ring's (full: the producer's transaction count, empty:
-// every consumer thread arrives); then the whole block syncs.
-__device__ __forceinline__ void InitBarriers(uint64_t* q_full, uint64_t* full, uint64_t* empty) {
+// Thread 0 initialises Q's barrier and the ring's `slots` barrier pairs (full: the producer's
+// transaction count, empty: `releasers` consumer threads arrive); then the whole block syncs.
+__device__ __forceinline__ void InitBarriers(uint64_t* q_full, uint64_t* full, uint64_t* empty,
+                                             int slots = kStages,
+                                             int releasers = kConsumerThreads) {
   if (threadIdx.x == 0) {
     MbarInit(q_full, 1);
-    for (int s = 0; s < kStages; ++s) {
+    for (int s = 0; s < slots; ++s) {
       MbarInit(&full[s], 1);
-      MbarInit(&empty[s], kConsumerThreads);
+      MbarInit(&empty[s], releasers);
     }
     FenceBarrierInit();
   }
   __syncthreads();
 }
 
-// The producer warp (lane 0 issues): Q once, then the split's tiles (one page each, 9 boxes of
-// 64 tokens x 64 dims) into stage i % 2, each after the consumers released that stage.
+// Lane 0 of a producer: prefetches both tensor maps and loads Q's 9 boxes (`q_box_bytes` each,
+// rows from `q_row`) on `q_full`.
+__device__ __forceinline__ void LoadQ(const CUtensorMap* q_map, const CUtensorMap* kv_map,
+                                      uint8_t* sq, uint32_t q_box_bytes, int q_row,
+                                      uint64_t* q_full) {
+  PrefetchTensorMap(q_map);
+  PrefetchTensorMap(kv_map);
+  MbarArriveExpectTx(q_full, kBoxes * q_box_bytes);
+  for (int box = 0; box < kBoxes; ++box) {
+    TmaLoad2d(sq + box * q_box_bytes, q_map, box * kBoxCols, q_row, q_full);
+  }
+}
+
+// The whole producer warp walks block-table entries table[first .. first + n), 32 per warp load;
+// lane 0 calls fn(i, page) for each in order (i from 0).
+template <typename Fn>
+__device__ __forceinline__ void ForEachPage(const int32_t* table, int first, int n, int lane,
+                                            Fn&& fn) {
+  for (int i0 = 0; i0 < n; i0 += 32) {
+    const int mine = i0 + lane < n ? table[first + i0 + lane] : 0;
+    for (int j = 0; j < min(32, n - i0); ++j) {
+      const int page = __shfl_sync(0xffffffffu, mine, j);
+      if (lane == 0) fn(i0 + j, page);
+      __syncwarp();
+    }
+  }
+}
+
+// The producer warp: Q once, then the split's tiles (one page each, 9 boxes of 64 tokens x 64
+// dims) into stage i % 2, each after the consumers released that stage.
 __device__ __forceinline__ void LoadQAndTiles(const MlaDecodeParams& p, const CUtensorMap* q_map,
                                               const CUtensorMap* kv_map, uint8_t* sq, uint8_t* skv,
                                               uint64_t* q_full, uint64_t* full, uint64_t* empty,
                                               int b, int head0, int tile_begin, int n, int lane) {
   const int32_t* table = p.block_table + static_cast<size_t>(b) * p.max_pages_per_seq;
-  if (lane == 0) {
-    PrefetchTensorMap(q_map);
-    PrefetchTensorMap(kv_map);
-    MbarArriveExpectTx(q_full, kMatBytes);
+  if (lane == 0) LoadQ(q_map, kv_map, sq, kBoxBytes, b * p.num_heads_q + head0, q_full);
+  ForEachPage(table, tile_begin, n, lane, [&](int i, int page) {
+    const int stage = i % kStages;
+    if (i >= kStages) MbarWait(&empty[stage], (i / kStages - 1) & 1);
+    MbarArriveExpectTx(&full[stage], kMatBytes);
+    uint8_t* dst = skv + stage * kMatBytes;
     for (int box = 0; box < kBoxes; ++box) {
-      TmaLoad2d(sq + box * kBoxBytes, q_map, box * kBoxCols, b * p.num_heads_q + head0, q_full);
+      TmaLoad2d(dst + box * kBoxBytes, kv_map, box * kBoxCols, page * kTile, &full[stage]);
     }
-  }
-  for (int i0 = 0; i0 < n; i0 += 32) {  // 32 block-table entries per warp load
-    const int mine = i0 + lane < n ? table[tile_begin + i0 + lane] : 0;
-    for (int j = 0; j < min(32, n - i0); ++j) {
-      const int page = __shfl_sync(0xffffffffu, mine, j);
-      const int i = i0 + j, stage = i % kStages;
-      if (lane == 0) {
-        if (i >= kStages) MbarWait(&empty[stage], (i / kStages - 1) & 1);
-        MbarArriveExpectTx(&full[stage], kMatBytes);
-        uint8_t* dst = skv + stage * kMatBytes;
-        for (int box = 0; box < kBoxes; ++box) {
-          TmaLoad2d(dst + box * kBoxBytes, kv_map, box * kBoxCols, page * kTile, &full[stage]);
-        }
-      }
-      __syncwarp();
-    }
-  }
+  });
 }
 
 // The producer warpgroup of either kernel (threads kConsumerThreads..): hands its registers to

@@ -114,32 +114,17 @@ __device__ __forceinline__ void LoadQAndBoxes(const MlaDecodeParams& p, const CU
                                               uint64_t* q_full, uint64_t* full, uint64_t* empty,
                                               int b, const SplitTiles& tiles, int lane) {
   using L = TLayout<kN>;
-  const int32_t* table =
-      p.block_table + static_cast<size_t>(b) * p.max_pages_per_seq + tiles.tile_begin;
-  if (lane == 0) {
-    PrefetchTensorMap(q_map);
-    PrefetchTensorMap(kv_map);
-    MbarArriveExpectTx(q_full, L::kQBytes);
-    for (int box = 0; box < kBoxes; ++box) {
-      TmaLoad2d(sq + box * L::kQBoxBytes, q_map, box * kBoxCols, b * kN, q_full);
+  if (lane == 0) LoadQ(q_map, kv_map, sq, L::kQBoxBytes, b * kN, q_full);
+  const int32_t* table = p.block_table + static_cast<size_t>(b) * p.max_pages_per_seq;
+  int seq = 0;  // boxes issued so far (lane 0)
+  ForEachPage(table, tiles.tile_begin, tiles.n, lane, [&](int /*i*/, int page) {
+    for (int box = 0; box < kBoxes; ++box, ++seq) {
+      const int slot = seq % L::kSlots;
+      if (seq >= L::kSlots) MbarWait(&empty[slot], (seq / L::kSlots - 1) & 1);
+      MbarArriveExpectTx(&full[slot], kBoxBytes);
+      TmaLoad2d(ring + slot * kBoxBytes, kv_map, box * kBoxCols, page * kTile, &full[slot]);
     }
-  }
-  int seq = 0;
-  for (int i0 = 0; i0 < tiles.n; i0 += 32) {  // 32 block-table entries per warp load
-    const int mine = i0 + lane < tiles.n ? table[i0 + lane] : 0;
-    for (int j = 0; j < min(32, tiles.n - i0); ++j) {
-      const int page = __shfl_sync(0xffffffffu, mine, j);
-      if (lane == 0) {
-        for (int box = 0; box < kBoxes; ++box, ++seq) {
-          const int slot = seq % L::kSlots;
-          if (seq >= L::kSlots) MbarWait(&empty[slot], (seq / L::kSlots - 1) & 1);
-          MbarArriveExpectTx(&full[slot], kBoxBytes);
-          TmaLoad2d(ring + slot * kBoxBytes, kv_map, box * kBoxCols, page * kTile, &full[slot]);
-        }
-      }
-      __syncwarp();
-    }
-  }
+  });
 }
 
 // Waits until the 9 boxes of the tile whose first box is number `seq` have landed.
@@ -189,7 +174,7 @@ __global__ void __launch_bounds__(128 * (kWgs + 1), 1)
   uint8_t* ring = smem + L::kRingOffset;
   const int tid = threadIdx.x % 128, wg = threadIdx.x / 128, warp = tid / 32, lane = tid % 32;
   uint8_t* sp = smem + L::kPOffset + wg * kN * 128;
-  float* red = reinterpret_cast<float*>(smem + L::kRedOffset) + wg * 4 * kN;      // [4 warps][kN]
+  float* red = reinterpret_cast<float*>(smem + L::kRedOffset) + wg * 4 * kN;   // [4 warps][kN]
   float* merge = reinterpret_cast<float*>(smem + L::kRedOffset) + 2 * 4 * kN;  // m, l [kN]
   uint64_t* q_full = reinterpret_cast<uint64_t*>(smem + L::kBarOffset);
   uint64_t* full = q_full + 1;
@@ -197,15 +182,7 @@ __global__ void __launch_bounds__(128 * (kWgs + 1), 1)
 
   const int split = blockIdx.y, b = blockIdx.z;
   const SplitTiles tiles = TilesOfSplit(p, split, b);
-  if (threadIdx.x == 0) {
-    MbarInit(q_full, 1);
-    for (int s = 0; s < L::kSlots; ++s) {
-      MbarInit(&full[s], 1);
-      MbarInit(&empty[s], 128);
-    }
-    FenceBarrierInit();
-  }
-  __syncthreads();
+  InitBarriers(q_full, full, empty, L::kSlots, /*releasers=*/128);  // one warpgroup per tile
   if (wg == kWgs) {
     if (warp == 0 && tiles.n > 0) {
       LoadQAndBoxes<kN>(p, &q_map, &kv_map, sq, ring, q_full, full, empty, b, tiles, lane);
