@@ -1,8 +1,9 @@
 // kernels/moe_experts (routing alignment + grouped expert GEMMs) against the CPU reference on fresh
 // random inputs: decode shapes of v2-lite (64 experts, top-6, 2048 x 1408), ragged and empty
 // experts, one expert holding more tokens than a pass (several passes), sizes that are not
-// multiples of the tiles, invalid expert ids, poisoned outputs; the identity (dense MLP) mode and
-// the skinny GEMM built on the same kernels (label gpu: SKIPPED without a GPU).
+// multiples of the tiles, invalid expert ids, poisoned outputs, 1-4 tokens and v3 sizes; the
+// identity (dense MLP) mode and the skinny GEMM built on the same kernels, two of them chained
+// without a host sync (label gpu: SKIPPED without a GPU).
 #include "kernels/moe_experts/moe_experts.h"
 
 #include <gtest/gtest.h>
@@ -187,6 +188,12 @@ TEST_F(MoeExpertsTest, MatchesReference) {
       {24, 16, 4, 64, 32, 1, Routing::kInvalid},     // tiny preset sizes, bad ids
       {5, 4, 4, 72, 24, 2, Routing::kRandom},        // every expert active, K below a step
       {0, 8, 2, 64, 32, 1, Routing::kRandom},        // no tokens
+      // 1..4 tokens (decode batches below one token tile), v3 sizes.
+      {4, 64, 6, 2048, 1408, 1, Routing::kRandom},  // v2-lite decode, batch 4
+      {3, 8, 2, 136, 88, 1, Routing::kSkewed},      // 3 slots on expert 3, odd sizes
+      {2, 4, 2, 72, 24, 1, Routing::kRandom},       // few rows: most CTAs idle
+      {4, 16, 4, 64, 32, 1, Routing::kInvalid},     // bad ids with few tokens
+      {2, 32, 8, 7168, 2048, 1, Routing::kRandom},  // v3 sizes (H 7168)
   };
   std::vector<float> x;
   std::vector<int32_t> ids;
@@ -199,8 +206,13 @@ TEST_F(MoeExpertsTest, IdentityMlpMatchesReference) {
   struct Shape {
     int tokens, hidden, inter;
   };
-  for (const Shape& c :
-       std::vector<Shape>{{1, 2048, 2816}, {16, 2048, 2816}, {11, 136, 88}, {20, 64, 40}}) {
+  for (const Shape& c : std::vector<Shape>{{1, 2048, 2816},
+                                           {16, 2048, 2816},
+                                           {11, 136, 88},
+                                           {20, 64, 40},
+                                           {3, 136, 88},
+                                           {4, 2048, 10944},  // v2-lite's dense MLP, 4 rows
+                                           {2, 7168, 2048}}) {
     SCOPED_TRACE(::testing::Message()
                  << "tokens=" << c.tokens << " H=" << c.hidden << " I=" << c.inter);
     const int64_t gu_size = 2 * static_cast<int64_t>(c.inter) * c.hidden;
@@ -258,7 +270,11 @@ TEST_F(MoeExpertsTest, SkinnyGemmMatchesReference) {
                                            {3, 64, 2048, 1, true},
                                            {7, 512, 128, 16, false},
                                            {16, 128, 512, 16, false},
-                                           {2, 61, 40, 3, true}}) {
+                                           {2, 61, 40, 3, true},
+                                           {4, 2048, 2048, 1, false},
+                                           {1, 64, 2048, 1, true},
+                                           {2, 40, 18432, 1, true},  // v3 dense down length
+                                           {3, 1000, 10944, 1, false}}) {
     SCOPED_TRACE(::testing::Message() << "tokens=" << c.tokens << " n=" << c.n_out << " k=" << c.k
                                       << " batch=" << c.batch << " fp32=" << c.fp32);
     const int64_t ld_x = static_cast<int64_t>(c.batch) * (c.k + 8), stride_x = c.k + 8;
@@ -317,6 +333,59 @@ TEST_F(MoeExpertsTest, SkinnyGemmMatchesReference) {
     std::printf("skinny tokens %2d n %5d k %5d batch %2d fp32 %d: rel %.2e\n", c.tokens, c.n_out,
                 c.k, c.batch, c.fp32, err.Rel());
   }
+}
+
+// Two projections back to back on one stream with no host sync between (programmatic launches):
+// the second reads what the first wrote; an input read before the first kernel's writes would
+// see the poisoned (NaN) buffer.
+TEST_F(MoeExpertsTest, ChainedSkinnyGemmsReadEachOthersOutput) {
+  const int k = 2048, mid = 1536, n = 576;
+  const std::vector<float> w1 = Random(static_cast<size_t>(mid) * k, 1.f / std::sqrt(1.f * k));
+  const std::vector<float> w2 = Random(static_cast<size_t>(n) * mid, 1.f / std::sqrt(1.f * mid));
+  DeviceBuffer d_w1(ToBf16s(w1)), d_w2(ToBf16s(w2));
+  cudaStream_t stream = nullptr;
+  ASSERT_CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  for (int tokens : {1, 3, 12}) {
+    SCOPED_TRACE(::testing::Message() << "tokens=" << tokens);
+    const std::vector<float> x = Random(static_cast<size_t>(tokens) * k, 1.f);
+    DeviceBuffer d_x(ToBf16s(x)), d_mid(static_cast<size_t>(tokens) * mid * 2),
+        d_out(static_cast<size_t>(tokens) * n * 2);
+    SkinnyGemmParams a;
+    a.tokens = tokens;
+    a.n_out = mid;
+    a.k = k;
+    a.x = d_x.get<__nv_bfloat16>();
+    a.w = d_w1.get<__nv_bfloat16>();
+    a.out = d_mid.get<__nv_bfloat16>();
+    SkinnyGemmParams b = a;
+    b.n_out = n;
+    b.k = mid;
+    b.x = a.out;
+    b.w = d_w2.get<__nv_bfloat16>();
+    b.out = d_out.get<__nv_bfloat16>();
+    ASSERT_TRUE(LaunchSkinnyGemm(a, stream).ok());
+    ASSERT_TRUE(LaunchSkinnyGemm(b, stream).ok());
+    ASSERT_CUDA_OK(cudaStreamSynchronize(stream));
+    const auto out = d_out.Download<uint16_t>();
+    ErrorSummary err;
+    std::vector<float> h(mid);
+    for (int t = 0; t < tokens; ++t) {
+      for (int j = 0; j < mid; ++j) {
+        double acc = 0;
+        for (int i = 0; i < k; ++i)
+          acc += double{w1[static_cast<size_t>(j) * k + i]} * x[t * k + i];
+        h[j] = RoundBf16(static_cast<float>(acc));
+      }
+      for (int j = 0; j < n; ++j) {
+        double acc = 0;
+        for (int i = 0; i < mid; ++i) acc += double{w2[static_cast<size_t>(j) * mid + i]} * h[i];
+        err.Add(FromBf16(out[t * n + j]), RoundBf16(static_cast<float>(acc)));
+      }
+    }
+    EXPECT_EQ(err.non_finite, 0);
+    EXPECT_LT(err.Rel(), 1e-2);
+  }
+  ASSERT_CUDA_OK(cudaStreamDestroy(stream));
 }
 
 // Argument checks touch no device: they run without a GPU too.
