@@ -76,7 +76,9 @@ struct Compare {
   void Check(const std::string& what, bool routed = false) const {
     std::printf("%-40s rows %4ld  worst rel %.3e  argmax agree %.1f%%\n", what.c_str(),
                 static_cast<long>(rows), worst, 100.0 * agree / std::max<int64_t>(rows, 1));
-    if (!routed) EXPECT_LT(worst, kRelTol) << what;
+    if (!routed) {
+      EXPECT_LT(worst, kRelTol) << what;
+    }
     EXPECT_GE(agree, (routed ? kRoutedArgmaxAgree : kArgmaxAgree) * rows) << what;
   }
 };
@@ -315,7 +317,9 @@ TEST_P(CudaEngineTest, CachedPrefixImport) {
     cmp.Add(got->at(0).logits, ref_suffix, vocab);
     cmp.Check(GetParam() + (source == 0 ? " prefix from gpu" : " prefix from cpu"),
               Routed(GetParam()));
-    if (source == 0) EXPECT_LT(cmp.worst, 1e-6) << "same pages, same kernels: identical";
+    if (source == 0) {
+      EXPECT_LT(cmp.worst, 1e-6) << "same pages, same kernels: identical";
+    }
     runtime::ReleasePages(e.gpu->kv_pool(), warm);
     runtime::ReleasePages(from.kv_pool(), pre);
   }

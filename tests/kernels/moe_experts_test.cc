@@ -136,7 +136,9 @@ void RunCase(const Case& c, MoeExpertsTest& t, std::vector<float>& x_host,
     ASSERT_EQ(count[e], want_count[e]) << "expert " << e;
     ASSERT_EQ(offset[e], run) << "expert " << e;
     run += want_count[e];
-    if (want_count[e] > 0) ASSERT_EQ(active[want_active++], e);
+    if (want_count[e] > 0) {
+      ASSERT_EQ(active[want_active++], e);
+    }
   }
   EXPECT_EQ(offset[c.experts], run);
   EXPECT_EQ(align.num_active.Download<int32_t>()[0], want_active);

@@ -35,7 +35,9 @@ class GatewayTest : public ::testing::Test {
     ASSERT_TRUE(j.is_object() && j.contains("error")) << r.body;
     EXPECT_EQ(j["error"]["type"], type) << r.body;
     EXPECT_TRUE(j["error"]["message"].is_string());
-    if (!code.empty()) EXPECT_EQ(j["error"]["code"], code) << r.body;
+    if (!code.empty()) {
+      EXPECT_EQ(j["error"]["code"], code) << r.body;
+    }
   }
   // The gateway still answers a fresh, valid request.
   void ExpectStillServing() {

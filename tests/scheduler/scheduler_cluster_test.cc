@@ -353,7 +353,9 @@ TEST_F(SchedulerClusterTest, RequestsSurviveAWorkerCrash) {
   }
   EXPECT_GE(server->backend()->retries(), 1u);
   for (const NodeView& v : server->scheduler().load().Snapshot()) {
-    if (v.id == "worker-a") EXPECT_FALSE(v.alive);
+    if (v.id == "worker-a") {
+      EXPECT_FALSE(v.alive);
+    }
   }
 
   // With no worker left, requests fail cleanly (503), and nothing hangs.

@@ -136,7 +136,7 @@ TEST(SimulatorTest, ReportsRenderJsonAndSvg) {
   ReplayReport report;
   report.trace = "synthetic <test>";
   const auto trace = SyntheticTrace();
-  for (const std::string& policy : {"least_loaded", "strata"}) {
+  for (const std::string policy : {"least_loaded", "strata"}) {
     SimulationOptions options = SmallCluster();
     options.policy = policy;
     report.policies.push_back(Summarize(*Simulate(trace, options), options.objectives));
