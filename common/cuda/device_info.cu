@@ -57,11 +57,11 @@ absl::Status SelfTestCudaDevice(int device, int64_t num_words) {
   absl::Status st = CudaStatus(cudaGetLastError(), "FillPatternKernel launch");
   std::vector<uint32_t> host(num_words);
   if (st.ok()) {
-    st = CudaStatus(
+    st.Update(CudaStatus(
         cudaMemcpy(host.data(), buf, num_words * sizeof(uint32_t), cudaMemcpyDeviceToHost),
-        "cudaMemcpy D2H");
+        "cudaMemcpy D2H"));
   }
-  cudaFree(buf);
+  (void)cudaFree(buf);
   if (!st.ok()) return st;
   for (int64_t i = 0; i < num_words; ++i) {
     if (host[i] != HostPattern(i)) {
