@@ -67,6 +67,13 @@ class MoeExpertsTest : public ::testing::Test {
   }
 };
 
+// The reference dot product of n weights and inputs, in double.
+double Dot(const float* w, const float* x, int64_t n) {
+  double acc = 0;
+  for (int64_t i = 0; i < n; ++i) acc += static_cast<double>(w[i]) * x[i];
+  return acc;
+}
+
 std::vector<uint16_t> ToBf16s(const std::vector<float>& v) {
   std::vector<uint16_t> out(v.size());
   for (size_t i = 0; i < v.size(); ++i) out[i] = ToBf16(v[i]);
@@ -320,11 +327,8 @@ TEST_F(MoeExpertsTest, SkinnyGemmMatchesReference) {
             gaps_written += std::isnan(got) ? 0 : 1;
             continue;
           }
-          double acc = 0;
-          for (int k = 0; k < c.k; ++k) {
-            acc += static_cast<double>(w[b * stride_w + static_cast<int64_t>(j) * c.k + k]) *
-                   x[t * ld_x + b * stride_x + k];
-          }
+          const double acc = Dot(&w[b * stride_w + static_cast<int64_t>(j) * c.k],
+                                 &x[t * ld_x + b * stride_x], c.k);
           err.Add(got, c.fp32 ? static_cast<float>(acc) : RoundBf16(static_cast<float>(acc)));
         }
       }
@@ -373,14 +377,10 @@ TEST_F(MoeExpertsTest, ChainedSkinnyGemmsReadEachOthersOutput) {
     std::vector<float> h(mid);
     for (int t = 0; t < tokens; ++t) {
       for (int j = 0; j < mid; ++j) {
-        double acc = 0;
-        for (int i = 0; i < k; ++i)
-          acc += double{w1[static_cast<size_t>(j) * k + i]} * x[t * k + i];
-        h[j] = RoundBf16(static_cast<float>(acc));
+        h[j] = RoundBf16(static_cast<float>(Dot(&w1[static_cast<size_t>(j) * k], &x[t * k], k)));
       }
       for (int j = 0; j < n; ++j) {
-        double acc = 0;
-        for (int i = 0; i < mid; ++i) acc += double{w2[static_cast<size_t>(j) * mid + i]} * h[i];
+        const double acc = Dot(&w2[static_cast<size_t>(j) * mid], h.data(), mid);
         err.Add(FromBf16(out[t * n + j]), RoundBf16(static_cast<float>(acc)));
       }
     }
