@@ -2,8 +2,8 @@
 // de-interleaving permutation can run in place.
 #include <string>
 
-#include "kernels/norm_rope/rope.h"
 #include "kernels/common/pdl.cuh"
+#include "kernels/norm_rope/rope.h"
 
 namespace strata::kernels {
 namespace {
@@ -18,7 +18,10 @@ __global__ void __launch_bounds__(kThreads) RopeKernel(RopeParams p) {
   const int lane = threadIdx.x % 32;
   const int token = static_cast<int>(vec / p.num_heads);
   const int head = static_cast<int>(vec % p.num_heads);
-  __nv_bfloat16* x = p.x + token * p.token_stride + head * p.head_stride;
+  const __nv_bfloat16* x = p.x + token * p.token_stride + head * p.head_stride;
+  __nv_bfloat16* y = p.out == nullptr
+                         ? p.x + token * p.token_stride + head * p.head_stride
+                         : p.out + token * p.out_token_stride + head * p.out_head_stride;
   const int half = p.rope_dim / 2;
   const float pos = static_cast<float>(p.positions[token]);
   float ra[kPairsPerLane], rb[kPairsPerLane];
@@ -48,11 +51,11 @@ __global__ void __launch_bounds__(kThreads) RopeKernel(RopeParams p) {
     const int i = lane + 32 * k;
     if (i >= half) break;
     if (p.layout == RopeLanes::kInterleaved) {
-      x[2 * i] = __float2bfloat16_rn(ra[k]);
-      x[2 * i + 1] = __float2bfloat16_rn(rb[k]);
+      y[2 * i] = __float2bfloat16_rn(ra[k]);
+      y[2 * i + 1] = __float2bfloat16_rn(rb[k]);
     } else {
-      x[i] = __float2bfloat16_rn(ra[k]);
-      x[i + half] = __float2bfloat16_rn(rb[k]);
+      y[i] = __float2bfloat16_rn(ra[k]);
+      y[i + half] = __float2bfloat16_rn(rb[k]);
     }
   }
 }
@@ -76,6 +79,13 @@ absl::Status ValidateRopeParams(const RopeParams& p) {
   }
   if (p.num_heads > 1 && p.head_stride < p.rope_dim) return Invalid("head_stride < rope_dim");
   if (p.num_tokens > 1 && p.token_stride < p.rope_dim) return Invalid("token_stride < rope_dim");
+  if (p.out != nullptr) {
+    if (p.num_heads > 1 && p.out_head_stride < p.rope_dim)
+      return Invalid("out_head_stride < rope_dim");
+    if (p.num_tokens > 1 && p.out_token_stride < p.rope_dim) {
+      return Invalid("out_token_stride < rope_dim");
+    }
+  }
   if (!(p.attention_factor > 0.f)) return Invalid("attention_factor must be positive");
   return absl::OkStatus();
 }

@@ -11,7 +11,9 @@
 //   kHalves        in (i, i + d/2), out (i, i + d/2)    DeepSeek-V3, rope_interleave = false
 // inv_freq holds the YaRN-corrected frequencies (cpu::Rope::inv_freq(), uploaded once).
 //
-// Vector v (token t, head h) starts at x + t * token_stride + h * head_stride. Thread safety:
+// Vector v (token t, head h) starts at x + t * token_stride + h * head_stride. Rotated in place,
+// or, when `out` is set, written at out + t * out_token_stride + h * out_head_stride (x is then
+// only read: the absorbed decode path ropes q_pe straight into its query rows). Thread safety:
 // stateless; vectors must not overlap.
 #pragma once
 
@@ -34,9 +36,12 @@ struct RopeParams {
   int rope_dim = 64;  // even, <= kRopeMaxDim
   RopeLanes layout = RopeLanes::kDeinterleaved;
   float attention_factor = 1.f;
-  __nv_bfloat16* x = nullptr;          // in place
+  __nv_bfloat16* x = nullptr;          // in place unless `out` is set
   int64_t token_stride = 0;            // elements
   int64_t head_stride = 0;             // elements
+  __nv_bfloat16* out = nullptr;        // optional destination (must not overlap x)
+  int64_t out_token_stride = 0;        // elements
+  int64_t out_head_stride = 0;         // elements
   const int32_t* positions = nullptr;  // [num_tokens], >= 0
   const float* inv_freq = nullptr;     // [rope_dim / 2], device
 };

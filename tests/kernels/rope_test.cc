@@ -48,11 +48,14 @@ class RopeTest : public ::testing::Test {
   }
   std::mt19937 rng_{std::random_device{}()};
 
-  // tokens x heads vectors at (token_stride, head_stride, offset) inside a random bf16 buffer.
+  // tokens x heads vectors at (token_stride, head_stride, offset) inside a random bf16 buffer,
+  // rotated in place, or (out_of_place) into the vectors at lane 512 of [tokens][heads + 3][576]
+  // rows of another random buffer (the absorbed decode path's query rows), x left as it was.
   void RunCase(bool yarn, model::RopeLayout layout, int tokens, int heads, int token_stride,
-               int head_stride, int offset) {
-    SCOPED_TRACE(::testing::Message() << "yarn=" << yarn << " layout=" << static_cast<int>(layout)
-                                      << " tokens=" << tokens << " heads=" << heads);
+               int head_stride, int offset, bool out_of_place = false) {
+    SCOPED_TRACE(::testing::Message()
+                 << "yarn=" << yarn << " layout=" << static_cast<int>(layout)
+                 << " tokens=" << tokens << " heads=" << heads << " out_of_place=" << out_of_place);
     const model::ModelConfig config = Config(yarn, layout);
     const cpu::Rope rope(config);
     const int dim = 64;
@@ -64,17 +67,28 @@ class RopeTest : public ::testing::Test {
     const int32_t special[] = {0, 1, 4095, 4096, 163839};
     for (int t = 0; t < tokens; ++t) pos[t] = t < 5 ? special[t] : any_pos(rng_);
 
-    std::vector<uint16_t> want = buf;
+    // The destination: the same vectors, or those of the query rows.
+    const int out_head_stride = out_of_place ? 576 : head_stride;
+    const int out_token_stride = out_of_place ? (heads + 3) * 576 : token_stride;
+    const int out_offset = out_of_place ? 512 : offset;
+    std::vector<uint16_t> dst = buf;
+    if (out_of_place) {
+      dst.resize(static_cast<size_t>(tokens) * out_token_stride);
+      for (uint16_t& h : dst) h = ToBf16(normal(rng_));
+    }
+    std::vector<uint16_t> want = dst;
     for (int t = 0; t < tokens; ++t) {
       for (int h = 0; h < heads; ++h) {
         const size_t base = static_cast<size_t>(t) * token_stride + h * head_stride + offset;
+        const size_t to =
+            static_cast<size_t>(t) * out_token_stride + h * out_head_stride + out_offset;
         float v[64];
         for (int i = 0; i < dim; ++i) v[i] = FromBf16(buf[base + i]);
         rope.Apply(v, pos[t]);
-        for (int i = 0; i < dim; ++i) want[base + i] = ToBf16(v[i]);
+        for (int i = 0; i < dim; ++i) want[to + i] = ToBf16(v[i]);
       }
     }
-    DeviceBuffer dbuf(buf), dpos(pos), dfreq(rope.inv_freq());
+    DeviceBuffer dbuf(buf), ddst(dst), dpos(pos), dfreq(rope.inv_freq());
     RopeParams p;
     p.num_tokens = tokens;
     p.num_heads = heads;
@@ -86,19 +100,25 @@ class RopeTest : public ::testing::Test {
     p.head_stride = head_stride;
     p.positions = dpos.get<int32_t>();
     p.inv_freq = dfreq.get<float>();
+    if (out_of_place) {
+      p.out = ddst.get<__nv_bfloat16>() + out_offset;
+      p.out_token_stride = out_token_stride;
+      p.out_head_stride = out_head_stride;
+    }
     const absl::Status st = LaunchRope(p, nullptr);
     ASSERT_TRUE(st.ok()) << st;
     ASSERT_CUDA_OK(cudaDeviceSynchronize());
-    const auto got = dbuf.Download<uint16_t>();
+    if (out_of_place) EXPECT_EQ(dbuf.Download<uint16_t>(), buf) << "x must only be read";
+    const auto got = (out_of_place ? ddst : dbuf).Download<uint16_t>();
     ErrorSummary err;
     int64_t untouched_changed = 0, over = 0;
-    for (size_t i = 0; i < buf.size(); ++i) {
-      const size_t in_token = i % token_stride;
-      const bool rotated = in_token >= static_cast<size_t>(offset) &&
-                           (in_token - offset) / head_stride < static_cast<size_t>(heads) &&
-                           (in_token - offset) % head_stride < static_cast<size_t>(dim);
+    for (size_t i = 0; i < dst.size(); ++i) {
+      const size_t in_token = i % out_token_stride;
+      const bool rotated = in_token >= static_cast<size_t>(out_offset) &&
+                           (in_token - out_offset) / out_head_stride < static_cast<size_t>(heads) &&
+                           (in_token - out_offset) % out_head_stride < static_cast<size_t>(dim);
       if (!rotated) {
-        if (got[i] != buf[i]) ++untouched_changed;
+        if (got[i] != dst[i]) ++untouched_changed;
         continue;
       }
       const float g = FromBf16(got[i]), w = FromBf16(want[i]);
@@ -126,6 +146,15 @@ TEST_F(RopeTest, MatchesCpuRopeAllLayouts) {
     }
   }
   RunCase(true, model::RopeLayout::kDeinterleaved, 1, 128, 128 * 192, 192, 128);
+}
+
+// q_pe of decode rows roped straight into the MLA query rows (576 lanes per head, k_pe at 512).
+TEST_F(RopeTest, WritesIntoAnotherBuffer) {
+  for (auto layout : {model::RopeLayout::kInterleaved, model::RopeLayout::kDeinterleaved,
+                      model::RopeLayout::kHalves}) {
+    RunCase(true, layout, 7, 16, 16 * 192, 192, 128, /*out_of_place=*/true);
+  }
+  RunCase(false, model::RopeLayout::kDeinterleaved, 1, 128, 128 * 192, 192, 128, true);
 }
 
 }  // namespace

@@ -55,6 +55,16 @@ TEST(SmallKernelsParamsTest, Rope) {
   p.rope_dim = 64;
   p.head_stride = 32;  // vectors would overlap
   EXPECT_FALSE(ValidateRopeParams(p).ok());
+  p.head_stride = 192;
+  p.out = Fake<__nv_bfloat16>();  // out of place: its own strides
+  p.out_token_stride = 16 * 576;
+  p.out_head_stride = 576;
+  EXPECT_TRUE(ValidateRopeParams(p).ok());
+  p.out_head_stride = 0;
+  EXPECT_FALSE(ValidateRopeParams(p).ok());
+  p.out_head_stride = 576;
+  p.out_token_stride = 8;
+  EXPECT_FALSE(ValidateRopeParams(p).ok());
 }
 
 TEST(SmallKernelsParamsTest, SiluMul) {

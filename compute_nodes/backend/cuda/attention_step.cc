@@ -146,11 +146,15 @@ absl::Status CudaEngine::Impl::AbsorbedAttention(const DeviceLayer& L, const Ste
   }
   bf16* qf = qfull.as<bf16>();
   const bool skinny = m <= kSkinnyMaxRows && wuk_t != nullptr;
-  // q_pe into the query rows (side stream) beside q_lat.
-  RETURN_IF_ERROR(side->Fork());
-  CopyHeadsParams cp{m,          heads, kRope,        kRope,         qdp + nope,
-                     heads * qk, qk,    qf + kLatent, hq_pad * kRow, kRow};
-  RETURN_IF_ERROR(CopyHeads(cp, side->stream()));
+  // q_pe into the query rows (side stream) beside q_lat; in a decode-only step Enqueue's RoPE
+  // already wrote it there.
+  const bool copy_pe = !P.all_decode;
+  if (copy_pe) {
+    RETURN_IF_ERROR(side->Fork());
+    CopyHeadsParams cp{m,          heads, kRope,        kRope,         qdp + nope,
+                       heads * qk, qk,    qf + kLatent, hq_pad * kRow, kRow};
+    RETURN_IF_ERROR(CopyHeads(cp, side->stream()));
+  }
   // q_lat[r][hd] = q_nope[r][hd] · W_UK[hd]   ([nope] × [nope][512], one GEMM per head): the
   // skinny kernel over the transposed copy for few rows, else cuBLAS over kv_b_proj.
   if (skinny) {
@@ -186,7 +190,7 @@ absl::Status CudaEngine::Impl::AbsorbedAttention(const DeviceLayer& L, const Ste
     g.batch = heads;
     RETURN_IF_ERROR(blas.Gemm(g));
   }
-  RETURN_IF_ERROR(side->Join());
+  if (copy_pe) RETURN_IF_ERROR(side->Join());
   kernels::MlaDecodeParams p;
   p.batch = static_cast<int>(m);
   p.num_heads_q = static_cast<int>(hq_pad);

@@ -479,7 +479,8 @@ absl::Status CudaEngine::Impl::Norm(int64_t rows, int64_t dim, const bf16* in, i
 }
 
 absl::Status CudaEngine::Impl::Rope(bf16* x, int64_t rows, int64_t heads, int64_t token_stride,
-                                    int64_t head_stride, const StepPlan& P, cudaStream_t stream) {
+                                    int64_t head_stride, const StepPlan& P, cudaStream_t stream,
+                                    bf16* out, int64_t out_token_stride, int64_t out_head_stride) {
   const ModelConfig& c = W.config();
   kernels::RopeParams p;
   p.num_tokens = static_cast<int>(rows);
@@ -490,6 +491,9 @@ absl::Status CudaEngine::Impl::Rope(bf16* x, int64_t rows, int64_t heads, int64_
   p.x = x;
   p.token_stride = token_stride;
   p.head_stride = head_stride;
+  p.out = out;
+  p.out_token_stride = out_token_stride;
+  p.out_head_stride = out_head_stride;
   p.positions = meta.At<int32_t>(P.o_pos);
   p.inv_freq = inv_freq;
   return kernels::LaunchRope(p, stream);
@@ -538,7 +542,13 @@ absl::Status CudaEngine::Impl::Enqueue(const StepPlan& P) {
     } else {
       RETURN_IF_ERROR(LinearBf16(blas, s, L.q_proj, xnp, h, n, qp_, heads * qk));
     }
-    RETURN_IF_ERROR(Rope(qp_ + nope, n, heads, heads * qk, qk, P, s));
+    if (P.all_decode) {
+      // Every row decodes: q_pe goes roped straight into the MLA query rows (AbsorbedAttention).
+      RETURN_IF_ERROR(Rope(qp_ + nope, n, heads, heads * qk, qk, P, s, qfull.as<bf16>() + kLatent,
+                           hq_pad * kRow, kRow));
+    } else {
+      RETURN_IF_ERROR(Rope(qp_ + nope, n, heads, heads * qk, qk, P, s));
+    }
     RETURN_IF_ERROR(side->Join());
     RETURN_IF_ERROR(MhaAttention(L, P, l));
     RETURN_IF_ERROR(AbsorbedAttention(L, P, l));

@@ -80,8 +80,10 @@ struct CudaEngine::Impl {
   absl::Status Enqueue(const StepPlan& plan);
   absl::Status Norm(int64_t rows, int64_t dim, const bf16* in, int64_t ld_in, bf16* residual,
                     const bf16* weight, bf16* out, int64_t ld_out, cudaStream_t stream);
+  // In place, or into `out` at its own strides.
   absl::Status Rope(bf16* x, int64_t rows, int64_t heads, int64_t token_stride, int64_t head_stride,
-                    const StepPlan& P, cudaStream_t stream);
+                    const StepPlan& P, cudaStream_t stream, bf16* out = nullptr,
+                    int64_t out_token_stride = 0, int64_t out_head_stride = 0);
   absl::Status MhaAttention(const DeviceLayer& L, const StepPlan& P, int64_t layer);
   // Picks every output row's token on the GPU with its sequence's draw (rows before a sequence's
   // last, and sequences without a draw, are picked greedily and never read) and queues their
