@@ -108,7 +108,9 @@ class RopeTest : public ::testing::Test {
     const absl::Status st = LaunchRope(p, nullptr);
     ASSERT_TRUE(st.ok()) << st;
     ASSERT_CUDA_OK(cudaDeviceSynchronize());
-    if (out_of_place) EXPECT_EQ(dbuf.Download<uint16_t>(), buf) << "x must only be read";
+    if (out_of_place) {
+      EXPECT_EQ(dbuf.Download<uint16_t>(), buf) << "x must only be read";
+    }
     const auto got = (out_of_place ? ddst : dbuf).Download<uint16_t>();
     ErrorSummary err;
     int64_t untouched_changed = 0, over = 0;
