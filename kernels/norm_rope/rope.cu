@@ -1,15 +1,14 @@
-// RoPE: one warp per (token, head) vector; the whole vector is read before any lane writes, so the
-// de-interleaving permutation can run in place.
+// RoPE: one warp per (token, head) vector (rope_warp.cuh).
 #include <string>
 
 #include "kernels/common/pdl.cuh"
 #include "kernels/norm_rope/rope.h"
+#include "kernels/norm_rope/rope_warp.cuh"
 
 namespace strata::kernels {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kPairsPerLane = kRopeMaxDim / 2 / 32;
 
 __global__ void __launch_bounds__(kThreads) RopeKernel(RopeParams p) {
   PdlGridSync();
@@ -22,42 +21,8 @@ __global__ void __launch_bounds__(kThreads) RopeKernel(RopeParams p) {
   __nv_bfloat16* y = p.out == nullptr
                          ? p.x + token * p.token_stride + head * p.head_stride
                          : p.out + token * p.out_token_stride + head * p.out_head_stride;
-  const int half = p.rope_dim / 2;
-  const float pos = static_cast<float>(p.positions[token]);
-  float ra[kPairsPerLane], rb[kPairsPerLane];
-#pragma unroll
-  for (int k = 0; k < kPairsPerLane; ++k) {
-    const int i = lane + 32 * k;
-    if (i >= half) break;
-    float a, b;
-    if (p.layout == RopeLanes::kHalves) {
-      a = __bfloat162float(x[i]);
-      b = __bfloat162float(x[i + half]);
-    } else {
-      a = __bfloat162float(x[2 * i]);
-      b = __bfloat162float(x[2 * i + 1]);
-    }
-    const float f = p.inv_freq[i] * pos;
-    float sn, cs;
-    sincosf(f, &sn, &cs);  // full-range reduction (no fast-math intrinsics)
-    cs *= p.attention_factor;
-    sn *= p.attention_factor;
-    ra[k] = a * cs - b * sn;
-    rb[k] = b * cs + a * sn;
-  }
-  __syncwarp();
-#pragma unroll
-  for (int k = 0; k < kPairsPerLane; ++k) {
-    const int i = lane + 32 * k;
-    if (i >= half) break;
-    if (p.layout == RopeLanes::kInterleaved) {
-      y[2 * i] = __float2bfloat16_rn(ra[k]);
-      y[2 * i + 1] = __float2bfloat16_rn(rb[k]);
-    } else {
-      y[i] = __float2bfloat16_rn(ra[k]);
-      y[i + half] = __float2bfloat16_rn(rb[k]);
-    }
-  }
+  rope_detail::RopeWarp(x, y, p.rope_dim, p.layout, static_cast<float>(p.positions[token]),
+                        p.inv_freq, p.attention_factor, lane);
 }
 
 absl::Status Invalid(const std::string& what) {

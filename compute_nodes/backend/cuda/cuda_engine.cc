@@ -20,6 +20,7 @@
 #include "kernels/common/pdl.h"
 #include "kernels/mla_decode/mla_decode.h"
 #include "kernels/moe_router/moe_router.h"
+#include "kernels/norm_rope/latent_rows.h"
 #include "kernels/norm_rope/rms_norm.h"
 #include "kernels/norm_rope/rope.h"
 #include "kernels/sampling/greedy_sample.h"
@@ -499,6 +500,27 @@ absl::Status CudaEngine::Impl::Rope(bf16* x, int64_t rows, int64_t heads, int64_
   return kernels::LaunchRope(p, stream);
 }
 
+absl::Status CudaEngine::Impl::LatentRows(const bf16* kv_a, const bf16* norm_weight,
+                                          const StepPlan& P, bf16* pages, cudaStream_t stream) {
+  const ModelConfig& c = W.config();
+  kernels::LatentRowsParams p;
+  p.num_tokens = static_cast<int>(P.n);
+  p.rank = static_cast<int>(kLatent);
+  p.rope_dim = static_cast<int>(kRope);
+  p.eps = static_cast<float>(c.rms_norm_eps);
+  p.in = kv_a;
+  p.ld_in = kRow;
+  p.norm_weight = norm_weight;
+  p.layout = Lanes(c.rope_layout);
+  p.attention_factor = static_cast<float>(c.RopeAttentionFactor());
+  p.positions = meta.At<int32_t>(P.o_pos);
+  p.inv_freq = inv_freq;
+  p.out = pages;
+  p.ld_out = kRow;
+  p.out_rows = meta.At<int64_t>(P.o_kv);
+  return kernels::LaunchLatentRows(p, stream);
+}
+
 // The step's device work, in stream order: everything here may be captured into a graph (no
 // allocation, no host sync), except the MoE host path, which callers never capture.
 absl::Status CudaEngine::Impl::Enqueue(const StepPlan& P) {
@@ -529,10 +551,7 @@ absl::Status CudaEngine::Impl::Enqueue(const StepPlan& P) {
     RETURN_IF_ERROR(side->Fork());
     const cudaStream_t s2 = side->stream();
     RETURN_IF_ERROR(LinearBf16(side->blas(), s2, L.kv_a_proj, xnp, h, n, kvap, kRow));
-    RETURN_IF_ERROR(Norm(n, kLatent, kvap, kRow, nullptr, L.kv_a_norm, kvap, kRow, s2));
-    RETURN_IF_ERROR(Rope(kvap + kLatent, n, 1, kRow, kRow, P, s2));
-    RETURN_IF_ERROR(
-        ScatterRows(kvap, kRow, meta.At<int64_t>(P.o_kv), n, kRow, pool.layer_base(l), kRow, s2));
+    RETURN_IF_ERROR(LatentRows(kvap, L.kv_a_norm, P, pool.layer_base(l), s2));
     if (c.q_lora_rank > 0) {
       bf16* qap = qa.as<bf16>();
       RETURN_IF_ERROR(LinearBf16(blas, s, L.q_a_proj, xnp, h, n, qap, c.q_lora_rank));

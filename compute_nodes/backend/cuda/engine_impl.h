@@ -80,6 +80,9 @@ struct CudaEngine::Impl {
   absl::Status Enqueue(const StepPlan& plan);
   absl::Status Norm(int64_t rows, int64_t dim, const bf16* in, int64_t ld_in, bf16* residual,
                     const bf16* weight, bf16* out, int64_t ld_out, cudaStream_t stream);
+  // The step's new latent rows (kv_a_proj output [n][576]) normed, roped and into their pages.
+  absl::Status LatentRows(const bf16* kv_a, const bf16* norm_weight, const StepPlan& P, bf16* pages,
+                          cudaStream_t stream);
   // In place, or into `out` at its own strides.
   absl::Status Rope(bf16* x, int64_t rows, int64_t heads, int64_t token_stride, int64_t head_stride,
                     const StepPlan& P, cudaStream_t stream, bf16* out = nullptr,

@@ -1,0 +1,212 @@
+// The fused latent-rows kernel (norm + RoPE + scatter of a step's new KV rows) against the CPU
+// references (RmsNormReference, cpu::Rope), and bit for bit against the kernels it stands for
+// (RmsNorm and Rope in place, then the row scatter) on the same inputs, for ranks up to 512. Page
+// rows no token goes to must come back untouched (label gpu: SKIPPED without a GPU).
+#include "kernels/norm_rope/latent_rows.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "compute_nodes/backend/cpu/cpu_ops.h"
+#include "compute_nodes/model/model_config.h"
+#include "kernels/norm_rope/rms_norm.h"
+#include "tests/kernels/gpu_test_util.h"
+#include "tests/kernels/small_kernels_reference.h"
+
+namespace strata::kernels {
+namespace {
+
+using testing::DeviceBuffer;
+using testing::ErrorSummary;
+using testing::FromBf16;
+using testing::RoundBf16;
+using testing::ToBf16;
+
+struct Case {
+  int tokens, rank, page_rows;
+  model::RopeLayout layout;
+  bool yarn;
+};
+
+class LatentRowsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!testing::HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  }
+  std::mt19937 rng_{std::random_device{}()};
+
+  void Run(const Case& c) {
+    SCOPED_TRACE(::testing::Message() << "tokens=" << c.tokens << " rank=" << c.rank
+                                      << " layout=" << static_cast<int>(c.layout));
+    model::ModelConfig config;
+    config.qk_nope_head_dim = 128;
+    config.qk_rope_head_dim = 64;
+    config.max_position_embeddings = 163840;
+    config.rope_layout = c.layout;
+    config.rope.yarn = c.yarn;
+    if (c.yarn) {
+      config.rope.factor = 40.0;
+      config.rope.original_max_position_embeddings = 4096;
+      config.rope.mscale_all_dim = 0.707;
+    }
+    const cpu::Rope rope(config);
+    const int dim = 64, row = c.rank + dim, ld_in = row + 8;  // padded input rows
+    const float eps = 1e-6f;
+    std::normal_distribution<float> normal(0.f, 1.f);
+    std::vector<float> in(static_cast<size_t>(c.tokens) * ld_in), w(c.rank);
+    for (float& v : in) v = RoundBf16(normal(rng_) * 3.f);
+    for (float& v : w) v = RoundBf16(1.f + 0.2f * normal(rng_));
+    std::vector<int32_t> pos(c.tokens);
+    std::uniform_int_distribution<int32_t> any_pos(0, 163839);
+    for (int32_t& p : pos) p = any_pos(rng_);
+    std::vector<int64_t> rows(c.page_rows);
+    std::iota(rows.begin(), rows.end(), 0);
+    std::shuffle(rows.begin(), rows.end(), rng_);
+    rows.resize(c.tokens);  // distinct destination rows, in random order
+
+    // References: the normed latent (dense [tokens][rank]) and the rotated k_pe.
+    std::vector<float> lat(static_cast<size_t>(c.tokens) * c.rank), h, want_lat;
+    for (int t = 0; t < c.tokens; ++t) {
+      std::copy_n(&in[static_cast<size_t>(t) * ld_in], c.rank,
+                  &lat[static_cast<size_t>(t) * c.rank]);
+    }
+    RmsNormReference(lat, nullptr, w, c.tokens, c.rank, eps, h, want_lat);
+
+    std::vector<uint16_t> in16(in.size()), w16(w.size());
+    for (size_t i = 0; i < in.size(); ++i) in16[i] = ToBf16(in[i]);
+    for (size_t i = 0; i < w.size(); ++i) w16[i] = ToBf16(w[i]);
+    std::vector<uint16_t> pages(static_cast<size_t>(c.page_rows) * row);
+    for (uint16_t& v : pages) v = ToBf16(normal(rng_));
+    DeviceBuffer din(in16), dw(w16), dpos(pos), drows(rows), dfreq(rope.inv_freq()), dpages(pages);
+
+    LatentRowsParams p;
+    p.num_tokens = c.tokens;
+    p.rank = c.rank;
+    p.rope_dim = dim;
+    p.eps = eps;
+    p.in = din.get<__nv_bfloat16>();
+    p.ld_in = ld_in;
+    p.norm_weight = dw.get<__nv_bfloat16>();
+    p.layout = static_cast<RopeLanes>(static_cast<int>(c.layout));
+    p.attention_factor = static_cast<float>(config.RopeAttentionFactor());
+    p.positions = dpos.get<int32_t>();
+    p.inv_freq = dfreq.get<float>();
+    p.out = dpages.get<__nv_bfloat16>();
+    p.ld_out = row;
+    p.out_rows = drows.get<int64_t>();
+    const absl::Status st = LaunchLatentRows(p, nullptr);
+    ASSERT_TRUE(st.ok()) << st;
+    ASSERT_CUDA_OK(cudaDeviceSynchronize());
+    EXPECT_EQ(din.Download<uint16_t>(), in16) << "the input rows must only be read";
+    const auto got = dpages.Download<uint16_t>();
+
+    // The three kernels it replaces, on a copy of the input.
+    DeviceBuffer dsplit(in16);
+    RmsNormParams np;
+    np.rows = c.tokens;
+    np.dim = c.rank;
+    np.eps = eps;
+    np.x = dsplit.get<__nv_bfloat16>();
+    np.ld_x = ld_in;
+    np.weight = dw.get<__nv_bfloat16>();
+    np.out = dsplit.get<__nv_bfloat16>();
+    np.ld_out = ld_in;
+    ASSERT_TRUE(LaunchRmsNorm(np, nullptr).ok());
+    RopeParams rp;
+    rp.num_tokens = c.tokens;
+    rp.num_heads = 1;
+    rp.rope_dim = dim;
+    rp.layout = p.layout;
+    rp.attention_factor = p.attention_factor;
+    rp.x = dsplit.get<__nv_bfloat16>() + c.rank;
+    rp.token_stride = ld_in;
+    rp.head_stride = dim;
+    rp.positions = p.positions;
+    rp.inv_freq = p.inv_freq;
+    ASSERT_TRUE(LaunchRope(rp, nullptr).ok());
+    ASSERT_CUDA_OK(cudaDeviceSynchronize());
+    const auto split = dsplit.Download<uint16_t>();
+
+    // Up to one 16-byte chunk per norm thread both kernels sum the squares in the same order;
+    // wider ranks reassociate the sum (a last-bit difference in 1/rms may flip a rounding).
+    const bool bit_exact = c.rank <= 512;
+    std::vector<int> token_of(c.page_rows, -1);
+    for (int t = 0; t < c.tokens; ++t) token_of[rows[t]] = t;
+    ErrorSummary err;
+    int64_t untouched_changed = 0, over = 0, split_mismatch = 0;
+    for (int r = 0; r < c.page_rows; ++r) {
+      const int t = token_of[r];
+      for (int i = 0; i < row; ++i) {
+        const size_t gi = static_cast<size_t>(r) * row + i;
+        if (t < 0) {
+          if (got[gi] != pages[gi]) ++untouched_changed;
+          continue;
+        }
+        if (bit_exact && got[gi] != split[static_cast<size_t>(t) * ld_in + i]) ++split_mismatch;
+        const float g = FromBf16(got[gi]);
+        float want;
+        if (i < c.rank) {
+          want = want_lat[static_cast<size_t>(t) * c.rank + i];
+        } else {
+          float v[64];
+          for (int j = 0; j < dim; ++j) v[j] = in[static_cast<size_t>(t) * ld_in + c.rank + j];
+          rope.Apply(v, pos[t]);
+          want = RoundBf16(v[i - c.rank]);
+        }
+        err.Add(g, want);
+        if (!(std::abs(g - want) <= std::abs(want) * 0x1p-6f + 1e-4f)) ++over;
+      }
+    }
+    EXPECT_EQ(err.non_finite, 0);
+    EXPECT_EQ(untouched_changed, 0);
+    EXPECT_EQ(over, 0);
+    EXPECT_EQ(split_mismatch, 0) << "must equal RmsNorm + Rope bit for bit";
+    EXPECT_LT(err.Rel(), 2e-3);
+    std::printf("latent_rows tokens=%d rank=%d layout=%d rel_err=%.2e max_abs=%.2e\n", c.tokens,
+                c.rank, static_cast<int>(c.layout), err.Rel(), err.max_abs);
+  }
+};
+
+TEST_F(LatentRowsTest, MatchesReferencesAndTheUnfusedKernels) {
+  const std::vector<Case> cases = {
+      {1, 512, 64, model::RopeLayout::kDeinterleaved, true},   // decode batch 1
+      {16, 512, 300, model::RopeLayout::kInterleaved, false},  // V2 lanes
+      {257, 512, 1024, model::RopeLayout::kHalves, true},      // a prefill chunk
+      {5, 2048, 40, model::RopeLayout::kDeinterleaved, true},  // widest rank: 4 turns
+      {3, 8, 9, model::RopeLayout::kDeinterleaved, false},     // tiny rank
+  };
+  for (const Case& c : cases) Run(c);
+}
+
+TEST(LatentRowsParamsTest, RejectsBadShapes) {
+  static char fake[64] __attribute__((aligned(16)));
+  LatentRowsParams p;
+  p.num_tokens = 2;
+  p.in = reinterpret_cast<const __nv_bfloat16*>(fake);
+  p.ld_in = 576;
+  p.norm_weight = p.in;
+  p.positions = reinterpret_cast<const int32_t*>(fake);
+  p.inv_freq = reinterpret_cast<const float*>(fake);
+  p.out = reinterpret_cast<__nv_bfloat16*>(fake);
+  p.ld_out = 576;
+  p.out_rows = reinterpret_cast<const int64_t*>(fake);
+  EXPECT_TRUE(ValidateLatentRowsParams(p).ok());
+  p.rank = 513;
+  EXPECT_FALSE(ValidateLatentRowsParams(p).ok());
+  p.rank = 512;
+  p.ld_out = 570;
+  EXPECT_FALSE(ValidateLatentRowsParams(p).ok());
+  p.ld_out = 576;
+  p.out_rows = nullptr;
+  EXPECT_FALSE(ValidateLatentRowsParams(p).ok());
+  p.out_rows = reinterpret_cast<const int64_t*>(fake);
+  p.rope_dim = 65;
+  EXPECT_FALSE(ValidateLatentRowsParams(p).ok());
+}
+
+}  // namespace
+}  // namespace strata::kernels
