@@ -2,9 +2,11 @@
 // FlashMLA figures measured on an H200 of this workplace (issue #9).
 //
 //   strata bench kernels [--json PATH] [--iters N] [--only mla_decode,prefill,kv_pages]
-//                        [--mla-heads 16,32,64,128]
+//                        [--mla-heads 16,32,64,128] [--mla-batch 128] [--mla-seqs 4096,...]
 //
-// MLA decode: batch 128, bf16, every sequence s_k tokens long, pages in random order; the whole
+// MLA decode: batch 128 (--mla-batch; FlashMLA figures exist for 128 only, other batches are
+// timed without a ratio and their JSON keys end in _b<batch>: the few-row steps of a decode), bf16,
+// every sequence s_k tokens long, pages in random order; the whole
 // call (split kernel + combine) timed with CUDA events, median of --iters after warm-up; the
 // variants of a point (split counts, and each kernel by name) run in turns, one launch each per
 // round, so that clock changes under sustained load hit them alike, and each launch is queued
@@ -170,37 +172,51 @@ double FlashMlaFigure(int h_q, int s_k) {
   return it == kFigures.end() ? 0.0 : it->second;
 }
 
-absl::Status BenchMlaDecode(int iters, const std::vector<int>& heads_q, nlohmann::json& report) {
-  constexpr int kBatch = 128, kMaxSeq = 32768;
-  const std::vector<int> kSeqs = {4096, 8192, 16384, 32768};
+struct MlaPoints {
+  std::vector<int> heads_q = {16, 64, 128};
+  int batch = 128;
+  std::vector<int> seqs = {4096, 8192, 16384, 32768};
+};
+
+absl::Status BenchMlaDecode(int iters, const MlaPoints& points_wanted, nlohmann::json& report) {
+  const int batch = points_wanted.batch;
+  const std::vector<int>& seqs = points_wanted.seqs;
+  const std::vector<int>& heads_q = points_wanted.heads_q;
+  const int max_seq = (*std::max_element(seqs.begin(), seqs.end()) + kernels::kMlaPageSize - 1) /
+                      kernels::kMlaPageSize * kernels::kMlaPageSize;
+  // Ratio keys name the batch unless it is the issue's 128.
+  auto key = [&](std::string_view what, int h_q, int s_k) {
+    return fmt::format("{}_h{}_s{}{}", what, h_q, s_k,
+                       batch == 128 ? "" : fmt::format("_b{}", batch));
+  };
   int num_sms = 0;
   CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, 0));
-  const int pages_per_seq = kMaxSeq / kernels::kMlaPageSize;
-  const int num_pages = kBatch * pages_per_seq;
+  const int pages_per_seq = max_seq / kernels::kMlaPageSize;
+  const int num_pages = batch * pages_per_seq;
   const size_t kv_bytes =
       static_cast<size_t>(num_pages) * kernels::kMlaPageSize * kernels::kMlaQkHeadDim * 2;
   DeviceBuffer kv, q, out, lse, table, lens, ws;
   RETURN_IF_ERROR(kv.Allocate(kv_bytes));
   RETURN_IF_ERROR(FillRandomBf16(kv.ptr, kv_bytes, 1));
-  const size_t q_bytes = static_cast<size_t>(kBatch) * 128 * kernels::kMlaQkHeadDim * 2;
+  const size_t q_bytes = static_cast<size_t>(batch) * 128 * kernels::kMlaQkHeadDim * 2;
   RETURN_IF_ERROR(q.Allocate(q_bytes));
   RETURN_IF_ERROR(FillRandomBf16(q.ptr, q_bytes, 2));
-  RETURN_IF_ERROR(out.Allocate(static_cast<size_t>(kBatch) * 128 * kernels::kMlaValueDim * 2));
-  RETURN_IF_ERROR(lse.Allocate(static_cast<size_t>(kBatch) * 128 * 4));
+  RETURN_IF_ERROR(out.Allocate(static_cast<size_t>(batch) * 128 * kernels::kMlaValueDim * 2));
+  RETURN_IF_ERROR(lse.Allocate(static_cast<size_t>(batch) * 128 * 4));
   std::vector<int32_t> pages(num_pages);
   std::iota(pages.begin(), pages.end(), 0);
   std::shuffle(pages.begin(), pages.end(), std::mt19937(3));
   RETURN_IF_ERROR(table.Allocate(pages.size() * 4));
   CUDA_RETURN_IF_ERROR(
       cudaMemcpy(table.ptr, pages.data(), pages.size() * 4, cudaMemcpyHostToDevice));
-  RETURN_IF_ERROR(lens.Allocate(kBatch * 4));
+  RETURN_IF_ERROR(lens.Allocate(batch * 4));
   RETURN_IF_ERROR(
-      ws.Allocate(kernels::MlaDecodeWorkspaceBytes(kBatch, 128, kernels::kMlaMaxSplits)));
+      ws.Allocate(kernels::MlaDecodeWorkspaceBytes(batch, 128, kernels::kMlaMaxSplits)));
 
   // Everything but the cache and the splits.
   auto params_for = [&](int h_q) {
     MlaDecodeParams p;
-    p.batch = kBatch;
+    p.batch = batch;
     p.num_heads_q = h_q;
     p.num_pages = num_pages;
     p.max_pages_per_seq = pages_per_seq;
@@ -218,14 +234,17 @@ absl::Status BenchMlaDecode(int iters, const std::vector<int>& heads_q, nlohmann
   std::cout << fmt::format("{:>4} {:>6} {:>6} {:>9} {:>7} {:>8} {:>9} {:>7}  sweep(splits:ms)\n",
                            "h_q", "s_k", "splits", "ms", "TB/s", "TFLOPS", "FlashMLA", "ratio");
   for (int h_q : heads_q) {
-    for (int s_k : kSeqs) {
-      std::vector<int32_t> seqlens(kBatch, s_k);
-      CUDA_RETURN_IF_ERROR(
-          cudaMemcpy(lens.ptr, seqlens.data(), kBatch * 4, cudaMemcpyHostToDevice));
+    for (int s_k : seqs) {
+      std::vector<int32_t> seqlens(batch, s_k);
+      CUDA_RETURN_IF_ERROR(cudaMemcpy(lens.ptr, seqlens.data(), batch * 4, cudaMemcpyHostToDevice));
       MlaDecodeParams p = params_for(h_q);
       p.kv_cache = static_cast<const __nv_bfloat16*>(kv.ptr);
-      const int chosen = kernels::MlaDecodeNumSplits(kBatch, h_q, s_k, num_sms);
+      const int chosen = kernels::MlaDecodeNumSplits(batch, h_q, s_k, num_sms);
       std::vector<int> candidates = {chosen, 1, 2, 3, 4, 6, 8};
+      if (batch < 128) candidates.insert(candidates.end(), {12, 16, 24, 32});
+      const int max_splits = std::min(kernels::kMlaMaxSplits,
+                                      (s_k + kernels::kMlaPageSize - 1) / kernels::kMlaPageSize);
+      std::erase_if(candidates, [&](int c) { return c != chosen && c > max_splits; });
       std::sort(candidates.begin(), candidates.end());
       candidates.erase(std::unique(candidates.begin(), candidates.end()), candidates.end());
       // Every variant of the point, timed in turns: kAuto at each split count, and where kAuto
@@ -249,7 +268,7 @@ absl::Status BenchMlaDecode(int iters, const std::vector<int>& heads_q, nlohmann
       const bool hopper = kernels::MlaDecodeSm90Applies(p.kv_dtype);
       if (hopper) {
         add("mma.sync",
-            kernels::MlaDecodeNumSplits(kBatch, h_q, s_k, num_sms, kernels::MlaKvDtype::kBf16,
+            kernels::MlaDecodeNumSplits(batch, h_q, s_k, num_sms, kernels::MlaKvDtype::kBf16,
                                         kernels::MlaDecodeImpl::kMmaSync),
             kernels::MlaDecodeImpl::kMmaSync);
         add("sm90", chosen, kernels::MlaDecodeImpl::kSm90);
@@ -277,28 +296,25 @@ absl::Status BenchMlaDecode(int iters, const std::vector<int>& heads_q, nlohmann
         mma_sync_ms = ms[at];
         sm90_ms = ms[at + 1];
         alternate_ms = ms[at + 2];
-        ratios[fmt::format("mla_decode_auto_vs_mma_sync_h{}_s{}", h_q, s_k)] =
-            mma_sync_ms / chosen_ms;
-        ratios[fmt::format("mla_decode_alternate_vs_sm90_h{}_s{}", h_q, s_k)] =
-            sm90_ms / alternate_ms;
+        ratios[key("mla_decode_auto_vs_mma_sync", h_q, s_k)] = mma_sync_ms / chosen_ms;
+        ratios[key("mla_decode_alternate_vs_sm90", h_q, s_k)] = sm90_ms / alternate_ms;
         sweep_text += fmt::format(" mma.sync:{:.3f} sm90:{:.3f} alternate:{:.3f}", mma_sync_ms,
                                   sm90_ms, alternate_ms);
       }
       if (transposed) {
         transposed_ms = ms.back();
-        ratios[fmt::format("mla_decode_transposed_vs_sm90_h{}_s{}", h_q, s_k)] =
-            sm90_ms / transposed_ms;
+        ratios[key("mla_decode_transposed_vs_sm90", h_q, s_k)] = sm90_ms / transposed_ms;
         sweep_text += fmt::format(" transposed:{:.3f}", transposed_ms);
       }
       CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
       const double bytes =
-          static_cast<double>(kBatch) * s_k * kernels::kMlaQkHeadDim * 2 +
-          static_cast<double>(kBatch) * h_q * (kernels::kMlaQkHeadDim + kernels::kMlaValueDim) * 2;
+          static_cast<double>(batch) * s_k * kernels::kMlaQkHeadDim * 2 +
+          static_cast<double>(batch) * h_q * (kernels::kMlaQkHeadDim + kernels::kMlaValueDim) * 2;
       const double flops =
-          2.0 * kBatch * h_q * s_k * (kernels::kMlaQkHeadDim + kernels::kMlaValueDim);
+          2.0 * batch * h_q * s_k * (kernels::kMlaQkHeadDim + kernels::kMlaValueDim);
       const double tbps = bytes / (chosen_ms * 1e-3) / 1e12;
       const double tflops = flops / (chosen_ms * 1e-3) / 1e12;
-      const double reference = FlashMlaFigure(h_q, s_k);
+      const double reference = batch == 128 ? FlashMlaFigure(h_q, s_k) : 0.0;
       const double ratio = reference > 0 ? (h_q == 128 ? tflops : tbps) / reference : 0.0;
       if (reference > 0) {
         min_ratio = std::min(min_ratio, ratio);
@@ -306,7 +322,7 @@ absl::Status BenchMlaDecode(int iters, const std::vector<int>& heads_q, nlohmann
       }
       points.push_back({{"h_q", h_q},
                         {"s_k", s_k},
-                        {"batch", kBatch},
+                        {"batch", batch},
                         {"splits", chosen},
                         {"ms", chosen_ms},
                         {"tbps", tbps},
@@ -340,9 +356,8 @@ absl::Status BenchMlaDecode(int iters, const std::vector<int>& heads_q, nlohmann
                              "splits", "ms", "TB/s", "bf16 best / best");
     for (const auto& point : points) {
       const int h_q = point["h_q"].get<int>(), s_k = point["s_k"].get<int>();
-      std::vector<int32_t> seqlens(kBatch, s_k);
-      CUDA_RETURN_IF_ERROR(
-          cudaMemcpy(lens.ptr, seqlens.data(), kBatch * 4, cudaMemcpyHostToDevice));
+      std::vector<int32_t> seqlens(batch, s_k);
+      CUDA_RETURN_IF_ERROR(cudaMemcpy(lens.ptr, seqlens.data(), batch * 4, cudaMemcpyHostToDevice));
       MlaDecodeParams p = params_for(h_q);
       p.kv_dtype = kernels::MlaKvDtype::kFp8E4M3;
       p.kv_cache_fp8 = static_cast<const uint8_t*>(kv8.ptr);
@@ -364,11 +379,11 @@ absl::Status BenchMlaDecode(int iters, const std::vector<int>& heads_q, nlohmann
       }
       p.num_splits = splits_used;
       const double bytes =
-          static_cast<double>(kBatch) * s_k * (kernels::kMlaFp8PageBytes / kernels::kMlaPageSize) +
-          static_cast<double>(kBatch) * h_q * (kernels::kMlaQkHeadDim + kernels::kMlaValueDim) * 2;
+          static_cast<double>(batch) * s_k * (kernels::kMlaFp8PageBytes / kernels::kMlaPageSize) +
+          static_cast<double>(batch) * h_q * (kernels::kMlaQkHeadDim + kernels::kMlaValueDim) * 2;
       // Best split count against best split count.
       const double speedup = point["best_ms"].get<double>() / ms;
-      ratios[fmt::format("mla_decode_fp8_vs_bf16_h{}_s{}", h_q, s_k)] = speedup;
+      ratios[key("mla_decode_fp8_vs_bf16", h_q, s_k)] = speedup;
       fp8_points.push_back({{"h_q", h_q},
                             {"s_k", s_k},
                             {"splits", p.num_splits},
@@ -384,9 +399,12 @@ absl::Status BenchMlaDecode(int iters, const std::vector<int>& heads_q, nlohmann
   report["mla_decode"] = points;
   report["ratios"].update(ratios);
 
-  // Device-to-device copy bandwidth (read + write), the memory ceiling of this run.
+  // Device-to-device copy bandwidth (read + write), the memory ceiling of this run (in the cache
+  // buffer when it holds both halves).
   const size_t copy_bytes = size_t{2} << 30;
-  char* base = static_cast<char*>(kv.ptr);
+  DeviceBuffer copy_buffer;
+  if (kv_bytes < 2 * copy_bytes) RETURN_IF_ERROR(copy_buffer.Allocate(2 * copy_bytes));
+  char* base = static_cast<char*>(kv_bytes < 2 * copy_bytes ? copy_buffer.ptr : kv.ptr);
   ASSIGN_OR_RETURN(const double copy_ms,
                    MedianMs(
                        [&]() -> absl::Status {
@@ -627,13 +645,19 @@ void RegisterBenchKernelsCommand(CLI::App& app) {
   cmd->add_option("--iters", *iters, "Timed runs per point (median reported)")
       ->check(CLI::Range(1, 10000));
   cmd->add_option("--only", *only, "Comma-separated groups: mla_decode, prefill, kv_pages");
-  auto mla_heads = std::make_shared<std::vector<int>>(std::vector<int>{16, 64, 128});
+  auto mla = std::make_shared<MlaPoints>();
   cmd->add_option(
-         "--mla-heads", *mla_heads,
+         "--mla-heads", mla->heads_q,
          "MLA decode: the h_q points (16, 32, 64, 128; 32 has no FlashMLA figure: timed, no ratio)")
       ->delimiter(',')
       ->check(CLI::IsMember({16, 32, 64, 128}));
-  cmd->callback([json_path, iters, only, mla_heads] {
+  cmd->add_option("--mla-batch", mla->batch,
+                  "MLA decode: sequences per call (FlashMLA figures exist for 128 only)")
+      ->check(CLI::Range(1, 1024));
+  cmd->add_option("--mla-seqs", mla->seqs, "MLA decode: the s_k points (tokens per sequence)")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 131072));
+  cmd->callback([json_path, iters, only, mla] {
     cudaDeviceProp prop;
     if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) Fail(1, "bench kernels: no CUDA device");
     nlohmann::json report;
@@ -647,7 +671,8 @@ void RegisterBenchKernelsCommand(CLI::App& app) {
       return std::find(groups.begin(), groups.end(), g) != groups.end();
     };
     if (wanted("mla_decode")) {
-      const absl::Status st = BenchMlaDecode(*iters, *mla_heads, report);
+      if (mla->seqs.empty()) Fail(2, "bench kernels: --mla-seqs needs at least one point");
+      const absl::Status st = BenchMlaDecode(*iters, *mla, report);
       if (!st.ok()) Fail(1, StrCat("bench kernels: ", st.message()));
       if (report["ratios"].contains("mla_decode_vs_flashmla_min")) {
         std::cout << fmt::format("mla_decode_vs_flashmla_min = {:.3f}\n",
