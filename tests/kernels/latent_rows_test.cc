@@ -15,6 +15,7 @@
 #include "compute_nodes/model/model_config.h"
 #include "kernels/norm_rope/rms_norm.h"
 #include "tests/kernels/gpu_test_util.h"
+#include "tests/kernels/rope_test_config.h"
 #include "tests/kernels/small_kernels_reference.h"
 
 namespace strata::kernels {
@@ -42,17 +43,7 @@ class LatentRowsTest : public ::testing::Test {
   void Run(const Case& c) {
     SCOPED_TRACE(::testing::Message() << "tokens=" << c.tokens << " rank=" << c.rank
                                       << " layout=" << static_cast<int>(c.layout));
-    model::ModelConfig config;
-    config.qk_nope_head_dim = 128;
-    config.qk_rope_head_dim = 64;
-    config.max_position_embeddings = 163840;
-    config.rope_layout = c.layout;
-    config.rope.yarn = c.yarn;
-    if (c.yarn) {
-      config.rope.factor = 40.0;
-      config.rope.original_max_position_embeddings = 4096;
-      config.rope.mscale_all_dim = 0.707;
-    }
+    const model::ModelConfig config = testing::RopeTestConfig(c.yarn, c.layout);
     const cpu::Rope rope(config);
     const int dim = 64, row = c.rank + dim, ld_in = row + 8;  // padded input rows
     const float eps = 1e-6f;

@@ -12,6 +12,7 @@
 #include "compute_nodes/backend/cpu/cpu_ops.h"
 #include "compute_nodes/model/model_config.h"
 #include "tests/kernels/gpu_test_util.h"
+#include "tests/kernels/rope_test_config.h"
 
 namespace strata::kernels {
 namespace {
@@ -22,24 +23,7 @@ using testing::FromBf16;
 using testing::RoundBf16;
 using testing::ToBf16;
 
-model::ModelConfig Config(bool yarn, model::RopeLayout layout) {
-  model::ModelConfig c;
-  c.qk_nope_head_dim = 128;
-  c.qk_rope_head_dim = 64;
-  c.max_position_embeddings = 163840;
-  c.rope_layout = layout;
-  c.rope.theta = 10000.0;
-  c.rope.yarn = yarn;
-  if (yarn) {  // DeepSeek-V3's rope_scaling
-    c.rope.factor = 40.0;
-    c.rope.original_max_position_embeddings = 4096;
-    c.rope.beta_fast = 32.0;
-    c.rope.beta_slow = 1.0;
-    c.rope.mscale = 1.0;
-    c.rope.mscale_all_dim = 0.707;  // attention factor != 1 (mscale ratio)
-  }
-  return c;
-}
+using testing::RopeTestConfig;
 
 class RopeTest : public ::testing::Test {
  protected:
@@ -56,7 +40,7 @@ class RopeTest : public ::testing::Test {
     SCOPED_TRACE(::testing::Message()
                  << "yarn=" << yarn << " layout=" << static_cast<int>(layout)
                  << " tokens=" << tokens << " heads=" << heads << " out_of_place=" << out_of_place);
-    const model::ModelConfig config = Config(yarn, layout);
+    const model::ModelConfig config = RopeTestConfig(yarn, layout);
     const cpu::Rope rope(config);
     const int dim = 64;
     std::normal_distribution<float> normal(0.f, 1.f);

@@ -146,9 +146,8 @@ absl::Status CudaEngine::Impl::AbsorbedAttention(const DeviceLayer& L, const Ste
   }
   bf16* qf = qfull.as<bf16>();
   const bool skinny = m <= kSkinnyMaxRows && wuk_t != nullptr;
-  // q_pe into the query rows (side stream) beside q_lat; in a decode-only step Enqueue's RoPE
-  // already wrote it there.
-  const bool copy_pe = !P.all_decode;
+  // q_pe into the query rows (side stream) beside q_lat, unless Enqueue's RoPE wrote it there.
+  const bool copy_pe = !RopesIntoQueryRows(P);
   if (copy_pe) {
     RETURN_IF_ERROR(side->Fork());
     CopyHeadsParams cp{m,          heads, kRope,        kRope,         qdp + nope,

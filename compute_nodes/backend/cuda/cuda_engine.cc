@@ -561,8 +561,7 @@ absl::Status CudaEngine::Impl::Enqueue(const StepPlan& P) {
     } else {
       RETURN_IF_ERROR(LinearBf16(blas, s, L.q_proj, xnp, h, n, qp_, heads * qk));
     }
-    if (P.all_decode) {
-      // Every row decodes: q_pe goes roped straight into the MLA query rows (AbsorbedAttention).
+    if (RopesIntoQueryRows(P)) {
       RETURN_IF_ERROR(Rope(qp_ + nope, n, heads, heads * qk, qk, P, s, qfull.as<bf16>() + kLatent,
                            hq_pad * kRow, kRow));
     } else {

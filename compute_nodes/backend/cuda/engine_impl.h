@@ -83,6 +83,9 @@ struct CudaEngine::Impl {
   // The step's new latent rows (kv_a_proj output [n][576]) normed, roped and into their pages.
   absl::Status LatentRows(const bf16* kv_a, const bf16* norm_weight, const StepPlan& P, bf16* pages,
                           cudaStream_t stream);
+  // Whether Enqueue's RoPE writes q_pe straight into the MLA query rows (decode-only steps: row
+  // r is decode row r) or AbsorbedAttention copies it there (mixed steps gather the decode rows).
+  static bool RopesIntoQueryRows(const StepPlan& P) { return P.all_decode; }
   // In place, or into `out` at its own strides.
   absl::Status Rope(bf16* x, int64_t rows, int64_t heads, int64_t token_stride, int64_t head_stride,
                     const StepPlan& P, cudaStream_t stream, bf16* out = nullptr,
