@@ -6,11 +6,12 @@
 //
 // MLA decode: batch 128 (--mla-batch; FlashMLA figures exist for 128 only, other batches are
 // timed without a ratio and their JSON keys end in _b<batch>: the few-row steps of a decode), bf16,
-// every sequence s_k tokens long, pages in random order; the whole
-// call (split kernel + combine) timed with CUDA events, median of --iters after warm-up; the
-// variants of a point (split counts, and each kernel by name) run in turns, one launch each per
-// round, so that clock changes under sustained load hit them alike, and each launch is queued
-// before the GPU reaches it (the events time device work, not the launcher's host work).
+// every sequence s_k tokens long, pages in random order; the whole call (split kernel + combine)
+// timed with CUDA events, median of --iters after warm-up; the variants of a point (split counts
+// of the kernel kAuto runs at that length, "auto=" in the sweep, and each kernel by name) run in
+// turns, one launch each per round, so that clock changes under sustained load hit them alike, and
+// each launch is queued before the GPU reaches it (the events time device work, not the
+// launcher's host work).
 // TB/s counts KV bytes + q + out; TFLOPS counts 2 * b * h_q * s_k * (576 + 512).
 //
 // Prefill attention: 4K-token prompts (and others), bf16, qk 192 / v 128, causal or one
@@ -240,6 +241,11 @@ absl::Status BenchMlaDecode(int iters, const MlaPoints& points_wanted, nlohmann:
       MlaDecodeParams p = params_for(h_q);
       p.kv_cache = static_cast<const __nv_bfloat16*>(kv.ptr);
       const int chosen = kernels::MlaDecodeNumSplits(batch, h_q, s_k, num_sms);
+      // The kernel kAuto runs for a block table sized to s_k (this one is sized to the longest
+      // point), named, so that each point times what a launch at its length gets.
+      const kernels::MlaDecodeImpl auto_impl = kernels::MlaDecodeAutoImpl(
+          batch, h_q, (s_k + kernels::kMlaPageSize - 1) / kernels::kMlaPageSize, num_sms,
+          kernels::MlaKvDtype::kBf16);
       std::vector<int> candidates = {chosen, 1, 2, 3, 4, 6, 8};
       if (batch < 128) candidates.insert(candidates.end(), {12, 16, 24, 32});
       const int max_splits = std::min(kernels::kMlaMaxSplits,
@@ -262,9 +268,7 @@ absl::Status BenchMlaDecode(int iters, const MlaPoints& points_wanted, nlohmann:
         names.push_back(std::move(name));
         launches.push_back([v] { return kernels::LaunchMlaDecode(v, nullptr); });
       };
-      for (int splits : candidates) {
-        add(std::to_string(splits), splits, kernels::MlaDecodeImpl::kAuto);
-      }
+      for (int splits : candidates) add(std::to_string(splits), splits, auto_impl);
       const bool hopper = kernels::MlaDecodeSm90Applies(p.kv_dtype);
       if (hopper) {
         add("mma.sync",
@@ -280,7 +284,11 @@ absl::Status BenchMlaDecode(int iters, const MlaPoints& points_wanted, nlohmann:
       nlohmann::json sweep = nlohmann::json::object();
       double chosen_ms = 0, best_ms = 1e30;
       int best_splits = chosen;
-      std::string sweep_text;
+      const char* auto_name = auto_impl == kernels::MlaDecodeImpl::kMmaSync          ? "mma.sync"
+                              : auto_impl == kernels::MlaDecodeImpl::kSm90Transposed ? "transposed"
+                              : auto_impl == kernels::MlaDecodeImpl::kSm90Alternate  ? "alternate"
+                                                                                     : "sm90";
+      std::string sweep_text = fmt::format(" auto={}", auto_name);
       for (size_t k = 0; k < candidates.size(); ++k) {
         sweep[names[k]] = ms[k];
         sweep_text += fmt::format(" {}:{:.3f}", names[k], ms[k]);
@@ -324,6 +332,7 @@ absl::Status BenchMlaDecode(int iters, const MlaPoints& points_wanted, nlohmann:
                         {"s_k", s_k},
                         {"batch", batch},
                         {"splits", chosen},
+                        {"auto_kernel", auto_name},
                         {"ms", chosen_ms},
                         {"tbps", tbps},
                         {"tflops", tflops},

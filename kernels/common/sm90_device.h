@@ -1,5 +1,6 @@
-// Whether the current CUDA device runs the kernels built for sm_90a (compute capability 9.x),
-// looked up once per device. Header-only, plain C++ (the launchers' host code includes it).
+// Facts about the current CUDA device that launchers choose kernels by, looked up once per device:
+// whether it runs the kernels built for sm_90a (compute capability 9.x), and its SM count.
+// Header-only, plain C++ (the launchers' host code includes it).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -20,6 +21,21 @@ inline bool CurrentDeviceIsSm90() {
     major_of[device].store(major, std::memory_order_relaxed);
   }
   return major == 9;
+}
+
+// Streaming multiprocessors of the current device; 0 when it cannot be asked.
+inline int CurrentDeviceSmCount() {
+  static std::atomic<int> sms_of[64] = {};
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= 64) return 0;
+  int sms = sms_of[device].load(std::memory_order_relaxed);
+  if (sms == 0) {
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+      return 0;
+    }
+    sms_of[device].store(sms, std::memory_order_relaxed);
+  }
+  return sms;
 }
 
 }  // namespace strata::kernels

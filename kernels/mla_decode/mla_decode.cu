@@ -3,6 +3,7 @@
 #include <cmath>
 #include <string>
 
+#include "kernels/common/sm90_device.h"
 #include "kernels/mla_decode/mla_decode.h"
 
 namespace strata::kernels {
@@ -14,12 +15,35 @@ absl::Status Invalid(const std::string& what) {
 
 }  // namespace
 
+MlaDecodeImpl MlaDecodeAutoImpl(int batch, int num_heads_q, int64_t max_pages, int num_sms,
+                                MlaKvDtype kv_dtype) {
+  if (!MlaDecodeSm90Applies(kv_dtype)) return MlaDecodeImpl::kMmaSync;
+  if (num_heads_q == 16) {
+    // A few-row call (the whole KV one tile per SM or less): its blocks' fixed costs (prologue,
+    // pipeline fill, epilogue) are the call's time, and the mma.sync kernel's are the smallest
+    // (batch 1 / 4 at 1K-4K tokens: 10-13 vs 14-16 us for the transposed kernel; from batch x
+    // pages 256 on the transposed one is faster again; kernels/mla_decode/NOTES.md, "few-row
+    // decode"). Else the transposed kernel (1.02-1.17x the 64-row one at 4K-32K, b = 128); at
+    // h_q 32, with one consumer warpgroup, it measured 0.60-0.67x the 64-row one (NOTES.md v6),
+    // so it is taken there by name only.
+    if (static_cast<int64_t>(batch) * max_pages <= num_sms) return MlaDecodeImpl::kMmaSync;
+    return MlaDecodeImpl::kSm90Transposed;
+  }
+  // The alternating kernel where the tensor pipe is the bound (more than one 64-head block per
+  // sequence: at h_q 128 it measured 1.01-1.04x the other on average, 0.94-1.14x per pair); at
+  // h_q <= 64 the KV bytes are, and the kernel that keeps a tile loading while it computes the
+  // other is as fast or faster (kernels/mla_decode/NOTES.md).
+  return num_heads_q > 64 ? MlaDecodeImpl::kSm90Alternate : MlaDecodeImpl::kSm90;
+}
+
 int MlaDecodeNumSplits(int batch, int num_heads_q, int max_seqlen, int num_sms, MlaKvDtype kv_dtype,
                        MlaDecodeImpl impl) {
   if (batch <= 0 || num_heads_q <= 0 || num_sms <= 0 || max_seqlen <= 0) return 1;
-  const bool sm90 = impl == MlaDecodeImpl::kSm90 || impl == MlaDecodeImpl::kSm90Alternate ||
-                    impl == MlaDecodeImpl::kSm90Transposed ||
-                    (impl == MlaDecodeImpl::kAuto && MlaDecodeSm90Applies(kv_dtype));
+  if (impl == MlaDecodeImpl::kAuto) {
+    impl = MlaDecodeAutoImpl(batch, num_heads_q, (max_seqlen + kMlaPageSize - 1) / kMlaPageSize,
+                             num_sms, kv_dtype);
+  }
+  const bool sm90 = impl != MlaDecodeImpl::kMmaSync;
   // Blocks and their tiles: the Hopper kernels take 64 heads (the transposed one all of h_q <= 32;
   // 64-token tiles, one block per SM);
   // the mma.sync one 16, 32 or 64 (32-token tiles; blocks of 16 run two to an SM, see
@@ -103,32 +127,29 @@ absl::Status ValidateMlaDecodeParams(const MlaDecodeParams& p) {
 
 absl::Status LaunchMlaDecode(const MlaDecodeParams& params, cudaStream_t stream) {
   if (absl::Status st = ValidateMlaDecodeParams(params); !st.ok()) return st;
-  const bool sm90 = params.impl != MlaDecodeImpl::kMmaSync && MlaDecodeSm90Applies(params.kv_dtype);
-  // kAuto takes the transposed kernel at h_q 16 (1.02-1.17x the 64-row one at 4K-32K, b = 128,
-  // kernels/mla_decode/NOTES.md); at 32, with one consumer warpgroup, it measured 0.60-0.67x
-  // the 64-row one (NOTES.md v6), so it is taken there by name only.
-  const bool transposed = params.impl == MlaDecodeImpl::kSm90Transposed ||
-                          (sm90 && params.impl == MlaDecodeImpl::kAuto && params.num_heads_q == 16);
-  const bool named_sm90 = params.impl == MlaDecodeImpl::kSm90 ||
-                          params.impl == MlaDecodeImpl::kSm90Alternate ||
-                          params.impl == MlaDecodeImpl::kSm90Transposed;
-  if (named_sm90 && !sm90) {
+  const MlaDecodeImpl impl =
+      params.impl != MlaDecodeImpl::kAuto
+          ? params.impl
+          : MlaDecodeAutoImpl(params.batch, params.num_heads_q, params.max_pages_per_seq,
+                              CurrentDeviceSmCount(), params.kv_dtype);
+  if (impl != MlaDecodeImpl::kMmaSync && !MlaDecodeSm90Applies(params.kv_dtype)) {
     return absl::FailedPreconditionError(
         "LaunchMlaDecode: the sm90 kernels need bf16 pages and a compute capability 9.x device");
   }
-  // Of the Hopper kernels, kAuto takes the alternating one where the tensor pipe is the bound
-  // (more than one 64-head block per sequence: at h_q 128 it measured 1.01-1.04x the other on
-  // average, 0.94-1.14x per pair); at h_q <= 64 the KV bytes are, and the one that keeps a tile
-  // loading while it computes the other is as fast or faster (kernels/mla_decode/NOTES.md).
-  const bool alternate = sm90 && (params.impl == MlaDecodeImpl::kSm90Alternate ||
-                                  (params.impl == MlaDecodeImpl::kAuto && params.num_heads_q > 64));
-  const absl::Status split_kv =
-      transposed                     ? LaunchMlaDecodeSm90Transposed(params, stream)
-      : alternate                    ? LaunchMlaDecodeSm90Alternate(params, stream)
-      : sm90                         ? LaunchMlaDecodeSm90(params, stream)
-      : params.num_heads_q % 64 == 0 ? LaunchMlaDecodeSplitKv<4>(params, stream)
-      : params.num_heads_q % 32 == 0 ? LaunchMlaDecodeSplitKv<2>(params, stream)
-                                     : LaunchMlaDecodeSplitKv<1>(params, stream);
+  const absl::Status split_kv = [&] {
+    switch (impl) {
+      case MlaDecodeImpl::kSm90Transposed:
+        return LaunchMlaDecodeSm90Transposed(params, stream);
+      case MlaDecodeImpl::kSm90Alternate:
+        return LaunchMlaDecodeSm90Alternate(params, stream);
+      case MlaDecodeImpl::kSm90:
+        return LaunchMlaDecodeSm90(params, stream);
+      default:  // kMmaSync (kAuto is resolved above)
+        return params.num_heads_q % 64 == 0   ? LaunchMlaDecodeSplitKv<4>(params, stream)
+               : params.num_heads_q % 32 == 0 ? LaunchMlaDecodeSplitKv<2>(params, stream)
+                                              : LaunchMlaDecodeSplitKv<1>(params, stream);
+    }
+  }();
   if (!split_kv.ok() || params.num_splits == 1) return split_kv;
   return LaunchMlaDecodeCombine(params, stream);
 }

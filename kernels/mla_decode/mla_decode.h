@@ -47,15 +47,16 @@ inline constexpr int kMlaFp8PageBytes = kMlaPageSize * (kMlaValueDim + 4 * 4 + 6
 
 enum class MlaKvDtype { kBf16, kFp8E4M3 };
 
-// Which kernel computes the attention. kAuto takes a Hopper kernel (TMA + wgmma, blocks of 64
-// heads; fewer heads fill the block's rows and drop the rest) where they apply: bf16 pages on a
-// compute capability 9.x device; there kSm90Alternate (the two consumer warpgroups take turns
-// over tiles, mla_decode_sm90_alternate.cu) for h_q > 64 and kSm90 (both on every tile,
-// mla_decode_sm90.cu) otherwise. Else the mma.sync kernel (blocks of 16, 32 or 64 heads, bf16 or
-// fp8 pages). kSm90Transposed (mla_decode_sm90_transposed.cu: scores as S^T = K Q^T with the
-// heads as the wgmma's N, for h_q 16 and 32 only) is what kAuto takes at h_q 16 instead of kSm90.
-// Naming one forces it (the Hopper kernels fail where they do not apply): for tests and
-// side-by-side benchmarks.
+// Which kernel computes the attention. kAuto (MlaDecodeAutoImpl) takes a Hopper kernel (TMA +
+// wgmma, blocks of 64 heads; fewer heads fill the block's rows and drop the rest) where they apply
+// (bf16 pages on a compute capability 9.x device): kSm90Alternate (the two consumer warpgroups
+// take turns over tiles, mla_decode_sm90_alternate.cu) for h_q > 64, kSm90 (both on every tile,
+// mla_decode_sm90.cu) for h_q 32..64, and at h_q 16 kSm90Transposed (mla_decode_sm90_transposed.cu:
+// scores as S^T = K Q^T with the heads as the wgmma's N, for h_q 16 and 32 only), except for a
+// few-row call (batch x max_pages_per_seq <= the SM count), which the mma.sync kernel finishes
+// sooner. Else the mma.sync kernel (blocks of 16, 32 or 64 heads, bf16 or fp8 pages). Naming one
+// forces it (the Hopper kernels fail where they do not apply): for tests and side-by-side
+// benchmarks.
 enum class MlaDecodeImpl { kAuto, kMmaSync, kSm90, kSm90Alternate, kSm90Transposed };
 
 struct MlaDecodeParams {
@@ -80,8 +81,15 @@ struct MlaDecodeParams {
   float* lse_accum = nullptr;  // [batch][num_splits][num_heads_q]
 };
 
+// The kernel kAuto runs for `batch` sequences of up to `max_pages` 64-token pages (the launch's
+// max_pages_per_seq) at h_q `num_heads_q` on a device of `num_sms` SMs (the current device for
+// sm90 support).
+MlaDecodeImpl MlaDecodeAutoImpl(int batch, int num_heads_q, int64_t max_pages, int num_sms,
+                                MlaKvDtype kv_dtype);
+
 // Splits per sequence that balance `batch` sequences of up to `max_seqlen` tokens over `num_sms`,
-// for the blocks of the kernel `impl` runs (kAuto: the one it picks on the current device).
+// for the blocks of the kernel `impl` runs (kAuto: MlaDecodeAutoImpl with max_seqlen / 64 pages,
+// the kernel a launch with max_pages_per_seq = that runs).
 int MlaDecodeNumSplits(int batch, int num_heads_q, int max_seqlen, int num_sms,
                        MlaKvDtype kv_dtype = MlaKvDtype::kBf16,
                        MlaDecodeImpl impl = MlaDecodeImpl::kAuto);
