@@ -150,7 +150,7 @@ absl::Status LaunchMlaDecode(const MlaDecodeParams& params, cudaStream_t stream)
                                               : LaunchMlaDecodeSplitKv<1>(params, stream);
     }
   }();
-  if (!split_kv.ok() || params.num_splits == 1) return split_kv;
+  if (!split_kv.ok() || params.num_splits == 1 || params.skip_combine) return split_kv;
   return LaunchMlaDecodeCombine(params, stream);
 }
 

@@ -79,6 +79,9 @@ struct MlaDecodeParams {
   // Split-KV partials (only when num_splits > 1), see MlaDecodeWorkspaceBytes:
   float* o_accum = nullptr;    // [batch][num_splits][num_heads_q][512]
   float* lse_accum = nullptr;  // [batch][num_splits][num_heads_q]
+  // With num_splits > 1: run the split kernel only and leave its partials in o_accum / lse_accum
+  // (out and lse are not written), for LaunchMlaCombineProject (combine_project.h) to merge.
+  bool skip_combine = false;
 };
 
 // The kernel kAuto runs for `batch` sequences of up to `max_pages` 64-token pages (the launch's
@@ -103,8 +106,8 @@ void MlaDecodeSetWorkspace(MlaDecodeParams& params, void* workspace);
 // Checks the arguments (InvalidArgument naming the bad one) without touching the device.
 absl::Status ValidateMlaDecodeParams(const MlaDecodeParams& params);
 
-// Validates, then enqueues the split kernel (and the combine kernel when num_splits > 1) on
-// `stream`. Returns the CUDA error of either launch.
+// Validates, then enqueues the split kernel (and the combine kernel when num_splits > 1, unless
+// skip_combine) on `stream`. Returns the CUDA error of either launch.
 absl::Status LaunchMlaDecode(const MlaDecodeParams& params, cudaStream_t stream);
 
 // Internal: one instantiation per heads-per-block (16, 32, 64), each in its own .cu.

@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "kernels/mla_decode/combine_project.h"
 #include "kernels/mla_decode/mla_decode.h"
 
 namespace strata::kernels {
@@ -114,6 +115,42 @@ TEST(MlaDecodeParamsTest, SplitsAndWorkspace) {
   EXPECT_EQ(static_cast<void*>(p.o_accum), ws.data());
   EXPECT_LE(reinterpret_cast<char*>(p.lse_accum + 2 * 3 * 64), ws.data() + bytes);
   EXPECT_TRUE(ValidateMlaDecodeParams(p).ok());
+}
+
+// The merge + projection kernel of few-row decode (combine_project.h).
+TEST(MlaCombineProjectParamsTest, RejectsBadArguments) {
+  MlaCombineProjectParams p;
+  p.batch = 1;
+  p.num_heads = 16;
+  p.num_heads_q = 16;
+  p.num_splits = 2;
+  p.v_dim = 128;
+  p.ld_out = 16 * 128;
+  alignas(16) static float o[16], lse[16];
+  alignas(16) static uint16_t w[16], out[16];
+  p.o_accum = o;
+  p.lse_accum = lse;
+  p.w_uv = reinterpret_cast<const __nv_bfloat16*>(w);
+  p.out = reinterpret_cast<__nv_bfloat16*>(out);
+  EXPECT_TRUE(ValidateMlaCombineProjectParams(p).ok());
+  auto bad = [&](auto change) {
+    MlaCombineProjectParams q = p;
+    change(q);
+    return ValidateMlaCombineProjectParams(q).code() == absl::StatusCode::kInvalidArgument;
+  };
+  EXPECT_TRUE(bad([](auto& q) { q.batch = 0; }));
+  EXPECT_TRUE(bad([](auto& q) { q.num_heads = 17; }));
+  EXPECT_TRUE(bad([](auto& q) { q.num_splits = kMlaMaxSplits + 1; }));
+  EXPECT_TRUE(bad([](auto& q) { q.v_dim = 100; }));
+  EXPECT_TRUE(bad([](auto& q) { q.ld_out = 16 * 128 - 1; }));
+  EXPECT_TRUE(bad([](auto& q) { q.lse_accum = nullptr; }));
+  EXPECT_TRUE(bad([](auto& q) { q.num_splits = 1; }));  // then o_lat is needed
+  EXPECT_TRUE(bad([](auto& q) { q.w_uv = reinterpret_cast<const __nv_bfloat16*>(w + 1); }));
+}
+
+TEST(MlaCombineProjectParamsTest, LaunchRejectsBeforeTouchingTheDevice) {
+  MlaCombineProjectParams p;  // nothing set
+  EXPECT_EQ(LaunchMlaCombineProject(p, nullptr).code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -1,0 +1,182 @@
+// Split-KV merge + W_UV projection of a few-row MLA decode call (see combine_project.h).
+//
+// Block (feature block f, head h, row b) of 256 threads: thread (r = tid / 8, c = tid % 8) owns
+// output feature 32 f + r and the 16-byte chunks c, c + 8, ..., c + 56 of the 512-wide reduction
+// (a row's 8 threads read 128 contiguous bytes per step, and their chunks of the merged row sit
+// in 8 different bank groups of shared memory). Its 8 weight chunks are loaded before the
+// programmatic-launch wait; after it the block merges the row (two halves of the threads over
+// odd and even splits, float4 columns), rounds it to bf16 in shared memory, and each row's 8
+// threads reduce their dot products by shuffles.
+#include <string>
+
+#include "kernels/common/pdl.cuh"
+#include "kernels/mla_decode/combine_project.h"
+#include "kernels/mla_decode/mla_decode.h"
+
+namespace strata::kernels {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kChunks = kMlaValueDim / 8;  // 16-byte chunks of a 512-wide row
+constexpr int kChunksPerThread = kChunks / 8;
+constexpr int kColumns = kMlaValueDim / 4;  // float4 columns of a partial row
+static_assert(kThreads == 8 * kMlaCombineProjectRows, "8 threads per output feature");
+static_assert(kThreads == 2 * kColumns, "two halves of the block over the partials' columns");
+
+__device__ __forceinline__ uint4 LoadWeights(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ float Dot8(uint4 w, uint4 x, float acc) {
+  const uint32_t ws[4] = {w.x, w.y, w.z, w.w}, xs[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&ws[i]));
+    const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&xs[i]));
+    acc = fmaf(a.x, b.x, acc);
+    acc = fmaf(a.y, b.y, acc);
+  }
+  return acc;
+}
+
+__global__ void __launch_bounds__(kThreads) MlaCombineProjectKernel(MlaCombineProjectParams p) {
+  __shared__ float weight[kMlaMaxSplits];
+  __shared__ float4 half_sum[kColumns];
+  __shared__ uint4 row_bf16[kChunks];
+  const int r = threadIdx.x / 8, c = threadIdx.x % 8;
+  const int feature = blockIdx.x * kMlaCombineProjectRows + r, h = blockIdx.y, b = blockIdx.z;
+  const uint4* w = reinterpret_cast<const uint4*>(p.w_uv + h * p.w_head_stride +
+                                                  static_cast<int64_t>(feature) * kMlaValueDim);
+  uint4 wv[kChunksPerThread];
+#pragma unroll
+  for (int i = 0; i < kChunksPerThread; ++i) wv[i] = LoadWeights(w + c + 8 * i);
+  PdlGridSync();
+
+  const int ns = p.num_splits, h_q = p.num_heads_q;
+  if (ns == 1) {
+    if (threadIdx.x < kChunks) {
+      row_bf16[threadIdx.x] = reinterpret_cast<const uint4*>(
+          p.o_lat + (static_cast<int64_t>(b) * h_q + h) * kMlaValueDim)[threadIdx.x];
+    }
+  } else {
+    // The splits' weights e^(lse_s - lse) (warp 0; lanes over splits), as the combine kernel.
+    if (threadIdx.x < 32) {
+      const int lane = threadIdx.x;
+      const float* lse_in = p.lse_accum + static_cast<int64_t>(b) * ns * h_q + h;
+      float l[kMlaMaxSplits / 32];
+#pragma unroll
+      for (int k = 0; k < kMlaMaxSplits / 32; ++k) {
+        const int s = lane + 32 * k;
+        l[k] = s < ns ? lse_in[static_cast<int64_t>(s) * h_q] : -INFINITY;
+      }
+      float mx = -INFINITY;
+#pragma unroll
+      for (int k = 0; k < kMlaMaxSplits / 32; ++k) mx = fmaxf(mx, l[k]);
+      for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+      float total = 0.f;
+      if (mx != -INFINITY) {
+#pragma unroll
+        for (int k = 0; k < kMlaMaxSplits / 32; ++k) total += __expf(l[k] - mx);
+      }
+      for (int o = 16; o > 0; o >>= 1) total += __shfl_xor_sync(0xffffffffu, total, o);
+      const float lse = total > 0.f ? mx + __logf(total) : -INFINITY;
+#pragma unroll
+      for (int k = 0; k < kMlaMaxSplits / 32; ++k) {
+        const int s = lane + 32 * k;
+        if (s < ns) weight[s] = total > 0.f ? __expf(l[k] - lse) : 0.f;
+      }
+    }
+    __syncthreads();
+    // Half j of the block sums splits j, j + 2, ... of float4 column `col`, 8 loads in flight.
+    const int half = threadIdx.x / kColumns, col = threadIdx.x % kColumns;
+    const float4* o = reinterpret_cast<const float4*>(p.o_accum) +
+                      (static_cast<int64_t>(b) * ns * h_q + h) * kColumns + col;
+    const int64_t split_stride = static_cast<int64_t>(h_q) * kColumns;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int s0 = half; s0 < ns; s0 += 16) {
+      float4 v[8];
+      float ws[8];
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        const int s = s0 + 2 * k;
+        ws[k] = s < ns ? weight[s] : 0.f;
+        v[k] = ws[k] != 0.f ? o[s * split_stride] : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+#pragma unroll
+      for (int k = 0; k < 8; ++k) {
+        acc.x = fmaf(ws[k], v[k].x, acc.x);
+        acc.y = fmaf(ws[k], v[k].y, acc.y);
+        acc.z = fmaf(ws[k], v[k].z, acc.z);
+        acc.w = fmaf(ws[k], v[k].w, acc.w);
+      }
+    }
+    if (half == 1) half_sum[col] = acc;
+    __syncthreads();
+    if (half == 0) {
+      const float4 other = half_sum[col];
+      const __nv_bfloat162 lo = __floats2bfloat162_rn(acc.x + other.x, acc.y + other.y);
+      const __nv_bfloat162 hi = __floats2bfloat162_rn(acc.z + other.z, acc.w + other.w);
+      uint2 packed;
+      packed.x = *reinterpret_cast<const uint32_t*>(&lo);
+      packed.y = *reinterpret_cast<const uint32_t*>(&hi);
+      reinterpret_cast<uint2*>(row_bf16)[col] = packed;
+    }
+  }
+  __syncthreads();
+  float dot = 0.f;
+#pragma unroll
+  for (int i = 0; i < kChunksPerThread; ++i) dot = Dot8(wv[i], row_bf16[c + 8 * i], dot);
+  for (int o = 4; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+  if (c == 0) {
+    p.out[static_cast<int64_t>(b) * p.ld_out + static_cast<int64_t>(h) * p.v_dim + feature] =
+        __float2bfloat16_rn(dot);
+  }
+}
+
+absl::Status Invalid(const std::string& what) {
+  return absl::InvalidArgumentError("LaunchMlaCombineProject: " + what);
+}
+
+bool Misaligned(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 != 0; }
+
+}  // namespace
+
+absl::Status ValidateMlaCombineProjectParams(const MlaCombineProjectParams& p) {
+  if (p.batch <= 0 || p.batch > 65535) return Invalid("batch must be in [1, 65535]");
+  if (p.num_heads <= 0 || p.num_heads > p.num_heads_q || p.num_heads > 65535) {
+    return Invalid("num_heads must be in [1, num_heads_q]");
+  }
+  if (p.num_splits < 1 || p.num_splits > kMlaMaxSplits) {
+    return Invalid("num_splits must be in [1, " + std::to_string(kMlaMaxSplits) + "]");
+  }
+  if (p.v_dim <= 0 || p.v_dim % kMlaCombineProjectRows != 0) {
+    return Invalid("v_dim must be a positive multiple of " +
+                   std::to_string(kMlaCombineProjectRows));
+  }
+  if (p.ld_out < static_cast<int64_t>(p.num_heads) * p.v_dim) {
+    return Invalid("ld_out must be >= num_heads * v_dim");
+  }
+  if (p.w_uv == nullptr || p.out == nullptr || Misaligned(p.w_uv) || p.w_head_stride % 8 != 0) {
+    return Invalid("w_uv (16-byte aligned, head stride a multiple of 8) and out must be set");
+  }
+  if (p.num_splits == 1 ? p.o_lat == nullptr || Misaligned(p.o_lat)
+                        : p.o_accum == nullptr || p.lse_accum == nullptr || Misaligned(p.o_accum)) {
+    return Invalid("one split needs o_lat, more need o_accum and lse_accum (16-byte aligned)");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LaunchMlaCombineProject(const MlaCombineProjectParams& params, cudaStream_t stream) {
+  if (absl::Status st = ValidateMlaCombineProjectParams(params); !st.ok()) return st;
+  const dim3 grid(params.v_dim / kMlaCombineProjectRows, params.num_heads, params.batch);
+  (void)LaunchPdl(MlaCombineProjectKernel, grid, dim3(kThreads), 0, stream, params);
+  const cudaError_t err = cudaGetLastError();
+  if (err != cudaSuccess) return Invalid(cudaGetErrorString(err));
+  return absl::OkStatus();
+}
+
+}  // namespace strata::kernels
