@@ -1,6 +1,6 @@
-// Device helpers the kernels share: cp.async, ldmatrix and mma.sync (sm_80+ PTX, bf16 in, fp32
-// accumulate), bf16 packing, and a 16-byte view of eight bf16 values. Header-only, C++17 (it is
-// included by .cu files).
+// Device helpers the kernels share: streaming loads, cp.async, ldmatrix and mma.sync (sm_80+ PTX,
+// bf16 in, fp32 accumulate), bf16 packing, and a 16-byte view of eight bf16 values. Header-only,
+// C++17 (it is included by .cu files).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -15,6 +15,16 @@ union Bf16x8 {
   uint4 u;
   __nv_bfloat16 h[8];
 };
+
+// 16 bytes of read-only global data that is read once (weights streamed by a GEMV): through the
+// non-coherent path, not kept in L1.
+__device__ __forceinline__ uint4 LoadStream(const uint4* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
 
 // 16 bytes global -> shared, asynchronously; `valid` false zero-fills without reading.
 __device__ __forceinline__ void CpAsync16(void* smem, const void* gmem, bool valid) {

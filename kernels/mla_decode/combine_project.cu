@@ -10,8 +10,10 @@
 #include <string>
 
 #include "kernels/common/pdl.cuh"
+#include "kernels/common/sm80_ptx.cuh"
 #include "kernels/mla_decode/combine_project.h"
 #include "kernels/mla_decode/mla_decode.h"
+#include "kernels/mla_decode/split_weights.cuh"
 
 namespace strata::kernels {
 namespace {
@@ -22,14 +24,6 @@ constexpr int kChunksPerThread = kChunks / 8;
 constexpr int kColumns = kMlaValueDim / 4;  // float4 columns of a partial row
 static_assert(kThreads == 8 * kMlaCombineProjectRows, "8 threads per output feature");
 static_assert(kThreads == 2 * kColumns, "two halves of the block over the partials' columns");
-
-__device__ __forceinline__ uint4 LoadWeights(const uint4* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
 
 __device__ __forceinline__ float Dot8(uint4 w, uint4 x, float acc) {
   const uint32_t ws[4] = {w.x, w.y, w.z, w.w}, xs[4] = {x.x, x.y, x.z, x.w};
@@ -53,7 +47,7 @@ __global__ void __launch_bounds__(kThreads) MlaCombineProjectKernel(MlaCombinePr
                                                   static_cast<int64_t>(feature) * kMlaValueDim);
   uint4 wv[kChunksPerThread];
 #pragma unroll
-  for (int i = 0; i < kChunksPerThread; ++i) wv[i] = LoadWeights(w + c + 8 * i);
+  for (int i = 0; i < kChunksPerThread; ++i) wv[i] = LoadStream(w + c + 8 * i);
   PdlGridSync();
 
   const int ns = p.num_splits, h_q = p.num_heads_q;
@@ -65,30 +59,8 @@ __global__ void __launch_bounds__(kThreads) MlaCombineProjectKernel(MlaCombinePr
   } else {
     // The splits' weights e^(lse_s - lse) (warp 0; lanes over splits), as the combine kernel.
     if (threadIdx.x < 32) {
-      const int lane = threadIdx.x;
-      const float* lse_in = p.lse_accum + static_cast<int64_t>(b) * ns * h_q + h;
-      float l[kMlaMaxSplits / 32];
-#pragma unroll
-      for (int k = 0; k < kMlaMaxSplits / 32; ++k) {
-        const int s = lane + 32 * k;
-        l[k] = s < ns ? lse_in[static_cast<int64_t>(s) * h_q] : -INFINITY;
-      }
-      float mx = -INFINITY;
-#pragma unroll
-      for (int k = 0; k < kMlaMaxSplits / 32; ++k) mx = fmaxf(mx, l[k]);
-      for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-      float total = 0.f;
-      if (mx != -INFINITY) {
-#pragma unroll
-        for (int k = 0; k < kMlaMaxSplits / 32; ++k) total += __expf(l[k] - mx);
-      }
-      for (int o = 16; o > 0; o >>= 1) total += __shfl_xor_sync(0xffffffffu, total, o);
-      const float lse = total > 0.f ? mx + __logf(total) : -INFINITY;
-#pragma unroll
-      for (int k = 0; k < kMlaMaxSplits / 32; ++k) {
-        const int s = lane + 32 * k;
-        if (s < ns) weight[s] = total > 0.f ? __expf(l[k] - lse) : 0.f;
-      }
+      (void)mla_detail::MergeSplitWeights(p.lse_accum + static_cast<int64_t>(b) * ns * h_q + h, h_q,
+                                          ns, threadIdx.x, weight);
     }
     __syncthreads();
     // Half j of the block sums splits j, j + 2, ... of float4 column `col`, 8 loads in flight.

@@ -2,6 +2,7 @@
 #include "common/cuda/cuda_status.h"
 #include "kernels/common/pdl.cuh"
 #include "kernels/mla_decode/mla_decode.cuh"
+#include "kernels/mla_decode/split_weights.cuh"
 
 namespace strata::kernels {
 namespace mla_detail {
@@ -12,7 +13,6 @@ namespace mla_detail {
 // together), and the warps' partial sums are added in shared memory in warp order. At batch 1
 // one block had walked all splits for its 4 columns per thread, the lse loops included, serially
 // (~7.4 us for 32 splits of 16 heads on the H200). Empty splits (weight 0) are not read.
-static_assert(kMlaMaxSplits % 32 == 0, "warp 0 holds kMlaMaxSplits / 32 splits per lane");
 
 __global__ void __launch_bounds__(kCombineThreads) MlaDecodeCombineKernel(MlaDecodeParams p) {
   __shared__ float weight[kMlaMaxSplits];
@@ -22,29 +22,8 @@ __global__ void __launch_bounds__(kCombineThreads) MlaDecodeCombineKernel(MlaDec
   const int head = blockIdx.x, b = blockIdx.y, h_q = p.num_heads_q, ns = p.num_splits;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   if (warp == 0) {
-    const float* lse_in = p.lse_accum + static_cast<size_t>(b) * ns * h_q + head;
-    float l[kMlaMaxSplits / 32];
-#pragma unroll
-    for (int k = 0; k < kMlaMaxSplits / 32; ++k) {
-      const int s = lane + 32 * k;
-      l[k] = s < ns ? lse_in[static_cast<size_t>(s) * h_q] : -INFINITY;
-    }
-    float mx = -INFINITY;
-#pragma unroll
-    for (int k = 0; k < kMlaMaxSplits / 32; ++k) mx = fmaxf(mx, l[k]);
-    for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
-    float total = 0.f;
-    if (mx != -INFINITY) {
-#pragma unroll
-      for (int k = 0; k < kMlaMaxSplits / 32; ++k) total += __expf(l[k] - mx);
-    }
-    for (int o = 16; o > 0; o >>= 1) total += __shfl_xor_sync(0xffffffffu, total, o);
-    const float lse = total > 0.f ? mx + __logf(total) : -INFINITY;
-#pragma unroll
-    for (int k = 0; k < kMlaMaxSplits / 32; ++k) {
-      const int s = lane + 32 * k;
-      if (s < ns) weight[s] = total > 0.f ? __expf(l[k] - lse) : 0.f;
-    }
+    const float lse = MergeSplitWeights(p.lse_accum + static_cast<size_t>(b) * ns * h_q + head, h_q,
+                                        ns, lane, weight);
     if (lane == 0) merged_lse = lse;
   }
   __syncthreads();

@@ -2,8 +2,8 @@
 // a few passes over tokens * top_k ints).
 #include <string>
 
-#include "kernels/moe_experts/moe_experts.h"
 #include "kernels/common/pdl.cuh"
+#include "kernels/moe_experts/moe_experts.h"
 
 namespace strata::kernels {
 namespace {

@@ -24,20 +24,17 @@ constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
 constexpr int kStepK = 64;  // 4 lanes x 2 vectors x 8 elements
 
-__device__ __forceinline__ uint4 LoadStream(const uint4* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
-
 // kDepth: reduction steps whose loads a warp issues before their MMAs (bytes in flight).
-template <int kNT, bool kGateUp, int kDepth>
+// kEarly (down kernels, p.weights_static): the expert and the weights of the first pass are read
+// before the programmatic-launch wait, while the kernel before this one still runs; the token
+// rows only after it. This kernel is launched once every block of the one before has passed its
+// own wait, so the alignment arrays (written two kernels back) are complete by then.
+template <int kNT, bool kGateUp, int kDepth, bool kEarly = false>
 __global__ void __launch_bounds__(kThreads, kDepth >= 4 ? 1 : 2)
     MoeExpertsKernel(MoeExpertsParams p) {
+  static_assert(!kEarly || !kGateUp, "the gate|up kernel's experts come from the kernel before");
   __shared__ float red[kWarps][2][kNT][4][32];
-  PdlGridSync();
+  if constexpr (!kEarly) PdlGridSync();
   int e = 0, count = p.num_tokens, first = 0;
   if (!p.identity) {
     if (static_cast<int>(blockIdx.y) >= *p.num_active) return;
@@ -74,6 +71,29 @@ __global__ void __launch_bounds__(kThreads, kDepth >= 4 ? 1 : 2)
   }
   const int num_steps = (k_dim + kStepK - 1) / kStepK;
   const uint4 zero = make_uint4(0, 0, 0, 0);
+  // Two 16-byte vectors of each of the lane's 4 weight rows at step s (zeros past k).
+  auto load_w = [&](int s, uint4(&wv)[2][2][2]) {
+#pragma unroll
+    for (int v = 0; v < 2; ++v) {
+      const int idx = s * (kStepK / 8) + 4 * v + c;
+      const bool in_k = idx * 8 < k_dim;
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          wv[mt][h][v] = wok[mt][h] && in_k ? LoadStream(wrow[mt][h] + idx) : zero;
+        }
+      }
+    }
+  };
+  uint4 wv[kDepth][2][2][2];  // the weights of the kDepth steps in flight
+  if constexpr (kEarly) {
+    if (count > 0) {
+#pragma unroll
+      for (int d = 0; d < kDepth; ++d) load_w(warp + d * kWarps, wv[d]);  // the first pass's
+    }
+    PdlGridSync();
+  }
 
   for (int chunk = 0; chunk < count; chunk += 8 * kNT) {
     const int left = count - chunk;
@@ -101,20 +121,14 @@ __global__ void __launch_bounds__(kThreads, kDepth >= 4 ? 1 : 2)
         for (int i = 0; i < 4; ++i) acc[mt][nt][i] = 0.f;
       }
     }
-    // One step: two 16-byte vectors of each of the lane's 4 weight rows and of its token rows
-    // (zeros past k: a step past the end loads nothing and adds nothing).
-    auto load = [&](int s, uint4(&wv)[2][2][2], uint4(&xv)[kNT][2]) {
+    // One step: the weights (load_w) and two 16-byte vectors of the lane's token rows (zeros
+    // past k: a step past the end loads nothing and adds nothing).
+    auto load = [&](int s, uint4(&wv)[2][2][2], uint4(&xv)[kNT][2], bool w_loaded) {
+      if (!w_loaded) load_w(s, wv);
 #pragma unroll
       for (int v = 0; v < 2; ++v) {
         const int idx = s * (kStepK / 8) + 4 * v + c;
         const bool in_k = idx * 8 < k_dim;
-#pragma unroll
-        for (int mt = 0; mt < 2; ++mt) {
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            wv[mt][h][v] = wok[mt][h] && in_k ? LoadStream(wrow[mt][h] + idx) : zero;
-          }
-        }
 #pragma unroll
         for (int nt = 0; nt < kNT; ++nt) {
           xv[nt][v] = nt < tiles && xok[nt] && in_k ? xrow[nt][idx] : zero;
@@ -138,9 +152,10 @@ __global__ void __launch_bounds__(kThreads, kDepth >= 4 ? 1 : 2)
       }
     };
     for (int s = warp; s < num_steps; s += kDepth * kWarps) {
-      uint4 wv[kDepth][2][2][2], xv[kDepth][kNT][2];
+      uint4 xv[kDepth][kNT][2];
+      const bool early = kEarly && chunk == 0 && s == warp;  // wv holds these weights already
 #pragma unroll
-      for (int d = 0; d < kDepth; ++d) load(s + d * kWarps, wv[d], xv[d]);
+      for (int d = 0; d < kDepth; ++d) load(s + d * kWarps, wv[d], xv[d], early);
 #pragma unroll
       for (int d = 0; d < kDepth; ++d) mma(wv[d], xv[d]);
     }
@@ -198,10 +213,20 @@ bool Misaligned(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 
 // depth 2 (the variants measured best, see Launch).
 template <int kNT, bool kGateUp>
 void LaunchDepth(bool deep, dim3 grid, const MoeExpertsParams& p, cudaStream_t stream) {
+  // Early weight loads, H200, v2-lite-shape decode, greedy GPU ms, three alternating rounds:
+  // batch 1 2.411-2.416 vs 2.451-2.456, batch 4 4.290-4.293 vs 4.323-4.340, batch 16
+  // 7.705-7.713 vs 7.748-7.764.
+  const bool early = p.weights_static;
   auto* k = MoeExpertsKernel<kNT, kGateUp, 1>;
+  if constexpr (!kGateUp) {
+    if (early) k = MoeExpertsKernel<kNT, kGateUp, 1, true>;
+  }
   if constexpr (kNT == 1) {
     constexpr int kDeep = kGateUp ? 4 : 2;
     if (deep) k = MoeExpertsKernel<kNT, kGateUp, kDeep>;
+    if constexpr (!kGateUp) {
+      if (deep && early) k = MoeExpertsKernel<kNT, kGateUp, kDeep, true>;
+    }
   }
   (void)LaunchPdl(k, grid, dim3(kThreads), 0, stream, p);
 }
@@ -314,6 +339,7 @@ absl::Status LaunchSkinnyGemm(const SkinnyGemmParams& g, cudaStream_t stream) {
   p.batch_stride_w = g.batch_stride_w;
   p.batch_stride_in = g.batch_stride_x;
   p.batch_stride_out = g.batch_stride_out;
+  p.weights_static = g.weights_static;
   return g.tokens <= 8 ? Launch<1>(p, stream, /*gate_up=*/false)
                        : Launch<2>(p, stream, /*gate_up=*/false);
 }

@@ -31,6 +31,7 @@ enum class Routing { kRandom, kSkewed, kInvalid };
 struct Case {
   int tokens, experts, top_k, hidden, inter, token_tiles;
   Routing routing;
+  bool weights_static = false;  // the down kernel's first weights loaded before its launch wait
 };
 
 class MoeExpertsTest : public ::testing::Test {
@@ -84,8 +85,8 @@ void RunCase(const Case& c, MoeExpertsTest& t, std::vector<float>& x_host,
              std::vector<int32_t>& ids) {
   SCOPED_TRACE(::testing::Message()
                << "tokens=" << c.tokens << " E=" << c.experts << " k=" << c.top_k
-               << " H=" << c.hidden << " I=" << c.inter << " tiles=" << c.token_tiles
-               << " routing=" << static_cast<int>(c.routing));
+               << " H=" << c.hidden << " I=" << c.inter << " tiles=" << c.token_tiles << " routing="
+               << static_cast<int>(c.routing) << " weights_static=" << c.weights_static);
   const int64_t stride = 3 * static_cast<int64_t>(c.inter) * c.hidden + 8;  // padded on purpose
   const int slots = c.tokens * c.top_k;
   const int64_t ld_x = c.hidden + 16;
@@ -119,6 +120,7 @@ void RunCase(const Case& c, MoeExpertsTest& t, std::vector<float>& x_host,
   p.slot_token = a.slot_token;
   p.act = d_act.get<__nv_bfloat16>();
   p.out = d_out.get<__nv_bfloat16>();
+  p.weights_static = c.weights_static;
   const absl::Status st = LaunchMoeExperts(p, nullptr);
   ASSERT_TRUE(st.ok()) << st;
   ASSERT_CUDA_OK(cudaDeviceSynchronize());
@@ -206,7 +208,14 @@ TEST_F(MoeExpertsTest, MatchesReference) {
   };
   std::vector<float> x;
   std::vector<int32_t> ids;
-  for (const Case& c : cases) RunCase(c, *this, x, ids);
+  // Every case once as the engine launches it (weights_static: the down kernel reads the
+  // alignment arrays and its first weights before its programmatic-launch wait), and the v2-lite
+  // decode cases also without.
+  for (Case c : cases) {
+    c.weights_static = true;
+    RunCase(c, *this, x, ids);
+  }
+  for (const Case& c : {cases[0], cases[7]}) RunCase(c, *this, x, ids);
 }
 
 // identity = true: one expert holding every token (the dense and shared-expert MLPs), gate|up and
@@ -344,6 +353,8 @@ TEST_F(MoeExpertsTest, SkinnyGemmMatchesReference) {
 // Two projections back to back on one stream with no host sync between (programmatic launches):
 // the second reads what the first wrote; an input read before the first kernel's writes would
 // see the poisoned (NaN) buffer.
+// With weights_static the second kernel loads its weights early, but its input only after the
+// wait.
 TEST_F(MoeExpertsTest, ChainedSkinnyGemmsReadEachOthersOutput) {
   const int k = 2048, mid = 1536, n = 576;
   const std::vector<float> w1 = Random(static_cast<size_t>(mid) * k, 1.f / std::sqrt(1.f * k));
@@ -351,8 +362,11 @@ TEST_F(MoeExpertsTest, ChainedSkinnyGemmsReadEachOthersOutput) {
   DeviceBuffer d_w1(ToBf16s(w1)), d_w2(ToBf16s(w2));
   cudaStream_t stream = nullptr;
   ASSERT_CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  for (int tokens : {1, 3, 12}) {
-    SCOPED_TRACE(::testing::Message() << "tokens=" << tokens);
+  for (int run = 0; run < 6; ++run) {
+    const int tokens = std::vector<int>{1, 3, 12}[run % 3];
+    const bool weights_static = run >= 3;
+    SCOPED_TRACE(::testing::Message()
+                 << "tokens=" << tokens << " weights_static=" << weights_static);
     const std::vector<float> x = Random(static_cast<size_t>(tokens) * k, 1.f);
     DeviceBuffer d_x(ToBf16s(x)), d_mid(static_cast<size_t>(tokens) * mid * 2),
         d_out(static_cast<size_t>(tokens) * n * 2);
@@ -363,6 +377,7 @@ TEST_F(MoeExpertsTest, ChainedSkinnyGemmsReadEachOthersOutput) {
     a.x = d_x.get<__nv_bfloat16>();
     a.w = d_w1.get<__nv_bfloat16>();
     a.out = d_mid.get<__nv_bfloat16>();
+    a.weights_static = weights_static;
     SkinnyGemmParams b = a;
     b.n_out = n;
     b.k = mid;

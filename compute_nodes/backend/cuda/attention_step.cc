@@ -171,6 +171,7 @@ absl::Status CudaEngine::Impl::AbsorbedAttention(const DeviceLayer& L, const Ste
     sg.out = qf;
     sg.ld_out = hq_pad * kRow;
     sg.batch_stride_out = kRow;
+    sg.weights_static = true;
     RETURN_IF_ERROR(kernels::LaunchSkinnyGemm(sg, s));
   } else {
     GemmArgs g;
@@ -242,6 +243,7 @@ absl::Status CudaEngine::Impl::AbsorbedAttention(const DeviceLayer& L, const Ste
     sg.out = odp;
     sg.ld_out = heads * vd;
     sg.batch_stride_out = vd;
+    sg.weights_static = true;
     RETURN_IF_ERROR(kernels::LaunchSkinnyGemm(sg, s));
   } else {
     GemmArgs g;

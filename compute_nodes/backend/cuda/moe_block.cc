@@ -128,6 +128,7 @@ absl::Status MoeBlock::Forward(int64_t layer, const DeviceLayer& L, const bf16* 
     g.x = xn;
     g.w = L.router.w;
     g.out_f32 = router_logits_.as<float>();
+    g.weights_static = true;
     RETURN_IF_ERROR(kernels::LaunchSkinnyGemm(g, s_));
   } else {
     RETURN_IF_ERROR(Linear(*blas_, L.router, xn, h, n, router_logits_.as<float>(), ne, true));
@@ -226,6 +227,7 @@ absl::Status MoeBlock::RouteOnDevice(int64_t layer, const DeviceLayer& L, const 
   p.slot_token = slot_token_.as<int32_t>();
   p.act = act_.as<bf16>();
   p.out = ye_.as<bf16>();
+  p.weights_static = true;
   return kernels::LaunchMoeExperts(p, s_);
 }
 

@@ -203,6 +203,7 @@ inline absl::Status LinearBf16(const Cublas& blas, cudaStream_t stream, const De
     p.x = a;
     p.w = w.w;
     p.out = out;
+    p.weights_static = true;  // model weights
     return kernels::LaunchSkinnyGemm(p, stream);
   }
   return Linear(blas, w, a, lda, rows, out, ldc);
@@ -229,6 +230,7 @@ inline absl::Status Mlp(const Cublas& blas, cudaStream_t stream, const DeviceLin
     p.down = down.w;
     p.act = act;
     p.out = out;
+    p.weights_static = true;  // model weights
     return kernels::LaunchMoeExperts(p, stream);
   }
   RETURN_IF_ERROR(Linear(blas, gate_up, a, h, rows, act, 2 * inter));
