@@ -8,7 +8,7 @@ stage_libpath strata --help || exit 3
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader; date -u
 
 for t in ./kernels_*_test; do
-  timeout 60 $t > $OUT/kernels.log.tmp 2>&1
+  timeout 180 $t > $OUT/kernels.log.tmp 2>&1
   echo "$(basename $t) rc=$? $(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' $OUT/kernels.log.tmp | tr '\n' ' ')"
   cat $OUT/kernels.log.tmp >> $OUT/kernels_tests.log
 done
