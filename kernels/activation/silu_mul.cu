@@ -2,9 +2,10 @@
 #include <algorithm>
 #include <string>
 
-#include "kernels/common/sm80_ptx.cuh"
 #include "kernels/activation/silu_mul.h"
+#include "kernels/common/alignment.h"
 #include "kernels/common/pdl.cuh"
+#include "kernels/common/sm80_ptx.cuh"
 
 namespace strata::kernels {
 namespace {
@@ -35,7 +36,6 @@ __global__ void __launch_bounds__(kThreads) SiluMulKernel(SiluMulParams p) {
 absl::Status Invalid(const std::string& what) {
   return absl::InvalidArgumentError("LaunchSiluMul: " + what);
 }
-bool Misaligned(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 != 0; }
 
 }  // namespace
 

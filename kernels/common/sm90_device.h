@@ -9,33 +9,28 @@
 
 namespace strata::kernels {
 
-inline bool CurrentDeviceIsSm90() {
-  static std::atomic<int> major_of[64] = {};
+// Device attribute kAttr of the current device (positive for the attributes asked here),
+// remembered per device; 0 when it cannot be asked.
+template <cudaDeviceAttr kAttr>
+int CurrentDeviceAttribute() {
+  static std::atomic<int> value_of[64] = {};
   int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= 64) return false;
-  int major = major_of[device].load(std::memory_order_relaxed);
-  if (major == 0) {
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
-      return false;
-    }
-    major_of[device].store(major, std::memory_order_relaxed);
+  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= 64) return 0;
+  int value = value_of[device].load(std::memory_order_relaxed);
+  if (value == 0) {
+    if (cudaDeviceGetAttribute(&value, kAttr, device) != cudaSuccess) return 0;
+    value_of[device].store(value, std::memory_order_relaxed);
   }
-  return major == 9;
+  return value;
+}
+
+inline bool CurrentDeviceIsSm90() {
+  return CurrentDeviceAttribute<cudaDevAttrComputeCapabilityMajor>() == 9;
 }
 
 // Streaming multiprocessors of the current device; 0 when it cannot be asked.
 inline int CurrentDeviceSmCount() {
-  static std::atomic<int> sms_of[64] = {};
-  int device = 0;
-  if (cudaGetDevice(&device) != cudaSuccess || device < 0 || device >= 64) return 0;
-  int sms = sms_of[device].load(std::memory_order_relaxed);
-  if (sms == 0) {
-    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-      return 0;
-    }
-    sms_of[device].store(sms, std::memory_order_relaxed);
-  }
-  return sms;
+  return CurrentDeviceAttribute<cudaDevAttrMultiProcessorCount>();
 }
 
 }  // namespace strata::kernels

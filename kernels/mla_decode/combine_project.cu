@@ -9,6 +9,7 @@
 // threads reduce their dot products by shuffles.
 #include <string>
 
+#include "kernels/common/alignment.h"
 #include "kernels/common/pdl.cuh"
 #include "kernels/common/sm80_ptx.cuh"
 #include "kernels/mla_decode/combine_project.h"
@@ -112,8 +113,6 @@ __global__ void __launch_bounds__(kThreads) MlaCombineProjectKernel(MlaCombinePr
 absl::Status Invalid(const std::string& what) {
   return absl::InvalidArgumentError("LaunchMlaCombineProject: " + what);
 }
-
-bool Misaligned(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 != 0; }
 
 }  // namespace
 

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <string>
 
+#include "kernels/common/alignment.h"
 #include "kernels/common/pdl.cuh"
 #include "kernels/common/sm80_ptx.cuh"
 #include "kernels/moe_experts/moe_experts.h"
@@ -207,26 +208,25 @@ __global__ void __launch_bounds__(kThreads, kDepth >= 4 ? 1 : 2)
 absl::Status Invalid(const std::string& what) {
   return absl::InvalidArgumentError("LaunchMoeExperts: " + what);
 }
-bool Misaligned(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 != 0; }
+
+// The down kernel loads its first weights before the launch wait when they are static (H200,
+// v2-lite-shape decode, greedy GPU ms, three alternating rounds: batch 1 2.411-2.416 vs
+// 2.451-2.456, batch 4 4.290-4.293 vs 4.323-4.340, batch 16 7.705-7.713 vs 7.748-7.764).
+template <int kNT, bool kGateUp, int kDepth>
+auto* KernelFor(bool weights_static) {
+  if constexpr (!kGateUp) {
+    if (weights_static) return MoeExpertsKernel<kNT, kGateUp, kDepth, true>;
+  }
+  return MoeExpertsKernel<kNT, kGateUp, kDepth, false>;
+}
 
 // The kernels built: depth 1 for every shape; at one token tile, gate|up at depth 4 and down at
 // depth 2 (the variants measured best, see Launch).
 template <int kNT, bool kGateUp>
 void LaunchDepth(bool deep, dim3 grid, const MoeExpertsParams& p, cudaStream_t stream) {
-  // Early weight loads, H200, v2-lite-shape decode, greedy GPU ms, three alternating rounds:
-  // batch 1 2.411-2.416 vs 2.451-2.456, batch 4 4.290-4.293 vs 4.323-4.340, batch 16
-  // 7.705-7.713 vs 7.748-7.764.
-  const bool early = p.weights_static;
-  auto* k = MoeExpertsKernel<kNT, kGateUp, 1>;
-  if constexpr (!kGateUp) {
-    if (early) k = MoeExpertsKernel<kNT, kGateUp, 1, true>;
-  }
+  auto* k = KernelFor<kNT, kGateUp, 1>(p.weights_static);
   if constexpr (kNT == 1) {
-    constexpr int kDeep = kGateUp ? 4 : 2;
-    if (deep) k = MoeExpertsKernel<kNT, kGateUp, kDeep>;
-    if constexpr (!kGateUp) {
-      if (deep && early) k = MoeExpertsKernel<kNT, kGateUp, kDeep, true>;
-    }
+    if (deep) k = KernelFor < kNT, kGateUp, kGateUp ? 4 : 2 > (p.weights_static);
   }
   (void)LaunchPdl(k, grid, dim3(kThreads), 0, stream, p);
 }

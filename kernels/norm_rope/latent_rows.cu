@@ -2,6 +2,7 @@
 // per turn, the sum of squares reduced in rms_norm.cu's order), warp 2 rotates k_pe.
 #include <string>
 
+#include "kernels/common/alignment.h"
 #include "kernels/common/pdl.cuh"
 #include "kernels/common/sm80_ptx.cuh"
 #include "kernels/norm_rope/latent_rows.h"
@@ -69,7 +70,6 @@ __global__ void __launch_bounds__(kThreads) LatentRowsKernel(LatentRowsParams p)
 absl::Status Invalid(const std::string& what) {
   return absl::InvalidArgumentError("LaunchLatentRows: " + what);
 }
-bool Misaligned(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 != 0; }
 
 }  // namespace
 

@@ -1,9 +1,10 @@
 // RMSNorm (+ residual add): one block per row, 16-byte vectors, fp32 sum of squares.
 #include <string>
 
+#include "kernels/common/alignment.h"
+#include "kernels/common/pdl.cuh"
 #include "kernels/common/sm80_ptx.cuh"
 #include "kernels/norm_rope/rms_norm.h"
-#include "kernels/common/pdl.cuh"
 
 namespace strata::kernels {
 namespace {
@@ -67,7 +68,6 @@ __global__ void __launch_bounds__(kThreads) RmsNormKernel(RmsNormParams p) {
 absl::Status Invalid(const std::string& what) {
   return absl::InvalidArgumentError("LaunchRmsNorm: " + what);
 }
-bool Misaligned(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 != 0; }
 
 }  // namespace
 

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <string>
 
+#include "kernels/common/alignment.h"
 #include "kernels/common/sm80_ptx.cuh"
 #include "kernels/common/sm90_device.h"
 #include "kernels/common/sm90_ptx.cuh"
@@ -424,7 +425,6 @@ __global__ void __launch_bounds__(kOvThreads, 1)
 absl::Status Invalid(const std::string& what) {
   return absl::InvalidArgumentError("LaunchPrefillAttention: " + what);
 }
-bool Misaligned(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 != 0; }
 
 }  // namespace
 
