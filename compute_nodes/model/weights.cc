@@ -76,14 +76,16 @@ std::vector<TensorSpec> CheckpointTensors(const ModelConfig& c) {
     out.push_back({p + "input_layernorm.weight", {h}, InitKind::kOnesish});
     out.push_back({p + "post_attention_layernorm.weight", {h}, InitKind::kOnesish});
     const std::string a = p + "self_attn.";
+    // The two projections of the layer's normed input adjacent (q_proj or q_a_proj, then
+    // kv_a_proj_with_mqa): the CUDA backend runs them as one.
+    out.push_back(c.q_lora_rank > 0
+                      ? TensorSpec{a + "q_a_proj.weight", {c.q_lora_rank, h}}
+                      : TensorSpec{a + "q_proj.weight", {heads * c.qk_head_dim(), h}});
+    out.push_back({a + "kv_a_proj_with_mqa.weight", {c.kv_lora_rank + c.qk_rope_head_dim, h}});
     if (c.q_lora_rank > 0) {
-      out.push_back({a + "q_a_proj.weight", {c.q_lora_rank, h}});
       out.push_back({a + "q_a_layernorm.weight", {c.q_lora_rank}, InitKind::kOnesish});
       out.push_back({a + "q_b_proj.weight", {heads * c.qk_head_dim(), c.q_lora_rank}});
-    } else {
-      out.push_back({a + "q_proj.weight", {heads * c.qk_head_dim(), h}});
     }
-    out.push_back({a + "kv_a_proj_with_mqa.weight", {c.kv_lora_rank + c.qk_rope_head_dim, h}});
     out.push_back({a + "kv_a_layernorm.weight", {c.kv_lora_rank}, InitKind::kOnesish});
     out.push_back(
         {a + "kv_b_proj.weight", {heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank}});

@@ -1,5 +1,6 @@
 // Latent rows: one block per token; warps 0-1 norm the rank lanes (one 16-byte chunk per thread
-// per turn, the sum of squares reduced in rms_norm.cu's order), warp 2 rotates k_pe.
+// per turn, the sum of squares reduced in rms_norm.cu's order), warp 2 rotates k_pe. The query
+// part: blocks (token, y >= 1), one q_pe vector per warp.
 #include <string>
 
 #include "kernels/common/alignment.h"
@@ -16,13 +17,26 @@ constexpr int kNormThreads = 32 * kNormWarps;
 constexpr int kThreads = kNormThreads + 32;
 constexpr int kMaxTurns = kLatentRowsMaxRank / 8 / kNormThreads;
 
+constexpr int kQueryHeadsPerBlock = kThreads / 32;
+
 __global__ void __launch_bounds__(kThreads) LatentRowsKernel(LatentRowsParams p) {
   PdlGridSync();
   __shared__ float scratch[kNormWarps];
   const int64_t token = blockIdx.x;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (blockIdx.y > 0) {
+    const int head = (blockIdx.y - 1) * kQueryHeadsPerBlock + warp;
+    if (head >= p.q_heads) return;
+    const __nv_bfloat16* x = p.q + token * p.q_token_stride + head * p.q_head_stride;
+    __nv_bfloat16* y = p.q_out == nullptr
+                           ? p.q + token * p.q_token_stride + head * p.q_head_stride
+                           : p.q_out + token * p.q_out_token_stride + head * p.q_out_head_stride;
+    rope_detail::RopeWarp(x, y, p.rope_dim, p.layout, static_cast<float>(p.positions[token]),
+                          p.inv_freq, p.attention_factor, lane);
+    return;
+  }
   const __nv_bfloat16* src = p.in + token * p.ld_in;
   __nv_bfloat16* dst = p.out + p.out_rows[token] * p.ld_out;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int chunks = p.rank / 8;
   Bf16x8 h[kMaxTurns];
   if (warp < kNormWarps) {
@@ -97,13 +111,26 @@ absl::Status ValidateLatentRowsParams(const LatentRowsParams& p) {
     return Invalid("in, norm_weight and out must be 16-byte aligned");
   }
   if (!(p.attention_factor > 0.f)) return Invalid("attention_factor must be positive");
+  if (p.q_heads < 0 || p.q_heads > 65535 * kQueryHeadsPerBlock) {
+    return Invalid("q_heads out of range");
+  }
+  if (p.q_heads > 0) {
+    if (p.q == nullptr) return Invalid("q_heads needs q");
+    if (p.q_token_stride < 0 || p.q_head_stride < 0 || p.q_out_token_stride < 0 ||
+        p.q_out_head_stride < 0) {
+      return Invalid("query strides must be >= 0");
+    }
+  }
   return absl::OkStatus();
 }
 
 absl::Status LaunchLatentRows(const LatentRowsParams& params, cudaStream_t stream) {
   if (absl::Status st = ValidateLatentRowsParams(params); !st.ok()) return st;
   if (params.num_tokens == 0) return absl::OkStatus();
-  (void)LaunchPdl(LatentRowsKernel, dim3(static_cast<unsigned>(params.num_tokens)), dim3(kThreads),
+  const unsigned query_blocks =
+      static_cast<unsigned>((params.q_heads + kQueryHeadsPerBlock - 1) / kQueryHeadsPerBlock);
+  (void)LaunchPdl(LatentRowsKernel,
+                  dim3(static_cast<unsigned>(params.num_tokens), 1 + query_blocks), dim3(kThreads),
                   0, stream, params);
   const cudaError_t err = cudaGetLastError();
   if (err != cudaSuccess) {

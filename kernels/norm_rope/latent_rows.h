@@ -7,6 +7,13 @@
 // It stands for the norm in place, the RoPE in place and the row scatter: three dependent kernels
 // on every layer's KV path become one. `in` is only read.
 //
+// Optionally the same launch also rotates the step's query q_pe vectors (q_heads > 0): rope.h's
+// math with the positions, inv_freq, layout and attention_factor above, vector h of token t at
+// q + t * q_token_stride + h * q_head_stride, in place or, when q_out is set, written at
+// q_out + t * q_out_token_stride + h * q_out_head_stride (q is then only read). Both halves of an
+// attention layer's RoPE in one kernel: the query rows and the KV rows come out of one fused
+// q|kv_a projection, so nothing else separates them.
+//
 // Preconditions the launcher cannot check: device pointers covering the rows, out_rows distinct
 // and inside `out`. Thread safety: stateless.
 #pragma once
@@ -38,6 +45,12 @@ struct LatentRowsParams {
   __nv_bfloat16* out = nullptr;        // page rows
   int64_t ld_out = 0;                  // >= rank + rope_dim, a multiple of 8
   const int64_t* out_rows = nullptr;   // [num_tokens]: the row of `out` each token goes to
+  // The query part (above); q_heads = 0 leaves it out.
+  int q_heads = 0;
+  __nv_bfloat16* q = nullptr;
+  int64_t q_token_stride = 0, q_head_stride = 0;  // elements
+  __nv_bfloat16* q_out = nullptr;                 // optional; must not overlap q
+  int64_t q_out_token_stride = 0, q_out_head_stride = 0;
 };
 
 // InvalidArgument naming the bad field.

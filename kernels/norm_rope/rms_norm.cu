@@ -1,4 +1,5 @@
-// RMSNorm (+ residual add): one block per row, 16-byte vectors, fp32 sum of squares.
+// RMSNorm (+ residual add, + the MoE combine before it): one block per row, 16-byte vectors, fp32
+// sum of squares.
 #include <string>
 
 #include "kernels/common/alignment.h"
@@ -23,17 +24,42 @@ __device__ __forceinline__ float BlockSum(float v, float* scratch) {
   return total;
 }
 
+// Chunk c (8 lanes) of row `row` of a MoE block's output (rms_norm.h's order of operations).
+__device__ __forceinline__ uint4 MoeSumChunk(const RmsNormMoeSum& m, int64_t row, int c) {
+  float acc[8] = {};
+  for (int k = 0; k < m.top_k; ++k) {
+    const int64_t slot = m.slot[row * m.top_k + k];
+    if (slot < 0) continue;
+    const float w = m.weight[row * m.top_k + k];
+    Vec8 e;
+    e.u = *reinterpret_cast<const uint4*>(m.expert_out + slot * m.ld_expert_out + c * 8);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc[i] = __fmaf_rn(w, __bfloat162float(e.h[i]), acc[i]);
+  }
+  if (m.shared != nullptr) {
+    Vec8 sh;
+    sh.u = *reinterpret_cast<const uint4*>(m.shared + row * m.ld_shared + c * 8);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) acc[i] = __fadd_rn(acc[i], __bfloat162float(sh.h[i]));
+  }
+  Vec8 x;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) x.h[i] = __float2bfloat16_rn(acc[i]);
+  return x.u;
+}
+
 __global__ void __launch_bounds__(kThreads) RmsNormKernel(RmsNormParams p) {
   PdlGridSync();
   __shared__ float scratch[kThreads / 32];
   const int64_t row = blockIdx.x;
   const int chunks = p.dim / 8;
-  const __nv_bfloat16* x = p.x + row * p.ld_x;
+  const bool moe = p.moe.top_k > 0;
+  const __nv_bfloat16* x = moe ? nullptr : p.x + row * p.ld_x;
   float ss = 0.f;
   // Pass 1: h = bf16(x + residual), stored if fused; sum of squares of the rounded h.
   for (int c = threadIdx.x; c < chunks; c += kThreads) {
     Vec8 h;
-    h.u = *reinterpret_cast<const uint4*>(x + c * 8);
+    h.u = moe ? MoeSumChunk(p.moe, row, c) : *reinterpret_cast<const uint4*>(x + c * 8);
     if (p.residual != nullptr) {
       Vec8 r;
       r.u = *reinterpret_cast<const uint4*>(p.residual + row * p.ld_residual + c * 8);
@@ -77,14 +103,31 @@ absl::Status ValidateRmsNormParams(const RmsNormParams& p) {
     return Invalid("dim must be a positive multiple of 8 up to 16384, got " +
                    std::to_string(p.dim));
   }
-  if (p.x == nullptr || p.weight == nullptr || p.out == nullptr) {
-    return Invalid("x, weight and out must be set");
+  const RmsNormMoeSum& m = p.moe;
+  if (m.top_k < 0 || m.top_k > kRmsNormMaxTopK) return Invalid("moe.top_k out of range");
+  if (m.top_k > 0) {
+    if (m.expert_out == nullptr || m.slot == nullptr || m.weight == nullptr) {
+      return Invalid("moe needs expert_out, slot and weight");
+    }
+    if (p.residual == nullptr) return Invalid("moe needs the residual (its only consumer)");
+    if (m.ld_expert_out < p.dim || m.ld_expert_out % 8 != 0 || Misaligned(m.expert_out)) {
+      return Invalid("moe.expert_out: 16-byte aligned rows, ld a multiple of 8 and >= dim");
+    }
+    if (m.shared != nullptr &&
+        (m.ld_shared < p.dim || m.ld_shared % 8 != 0 || Misaligned(m.shared))) {
+      return Invalid("moe.shared: 16-byte aligned rows, ld a multiple of 8 and >= dim");
+    }
+  } else {
+    if (p.x == nullptr) return Invalid("x must be set");
+    if (p.ld_x < p.dim || p.ld_x % 8 != 0) return Invalid("ld_x must be a multiple of 8, >= dim");
+    if (Misaligned(p.x)) return Invalid("x must be 16-byte aligned");
   }
-  if (p.ld_x < p.dim || p.ld_out < p.dim || p.ld_x % 8 != 0 || p.ld_out % 8 != 0) {
-    return Invalid("ld_x and ld_out must be multiples of 8 and >= dim");
+  if (p.weight == nullptr || p.out == nullptr) return Invalid("weight and out must be set");
+  if (p.ld_out < p.dim || p.ld_out % 8 != 0) {
+    return Invalid("ld_out must be a multiple of 8 and >= dim");
   }
-  if (Misaligned(p.x) || Misaligned(p.out) || Misaligned(p.weight)) {
-    return Invalid("x, weight and out must be 16-byte aligned");
+  if (Misaligned(p.out) || Misaligned(p.weight)) {
+    return Invalid("weight and out must be 16-byte aligned");
   }
   if (p.residual != nullptr) {
     if (p.residual_out == nullptr) return Invalid("residual needs residual_out");

@@ -1,7 +1,9 @@
 // The fused latent-rows kernel (norm + RoPE + scatter of a step's new KV rows) against the CPU
 // references (RmsNormReference, cpu::Rope), and bit for bit against the kernels it stands for
 // (RmsNorm and Rope in place, then the row scatter) on the same inputs, for ranks up to 512. Page
-// rows no token goes to must come back untouched (label gpu: SKIPPED without a GPU).
+// rows no token goes to must come back untouched. The optional query part (q_pe of every head,
+// in place or into separate rows) bit for bit against the Rope kernel (label gpu: SKIPPED without
+// a GPU).
 #include "kernels/norm_rope/latent_rows.h"
 
 #include <gtest/gtest.h>
@@ -31,7 +33,14 @@ struct Case {
   int tokens, rank, page_rows;
   model::RopeLayout layout;
   bool yarn;
+  int q_heads = 0;
+  bool q_out = false;  // the query vectors into separate rows (else in place)
 };
+
+// The query rows as the engine lays them out: per head [nope 128 | pe 64], heads * 192 wide,
+// inside a wider row (the fused q|kv_a projection's output); q_out rows as the MLA query rows
+// ([heads][576], q_pe at lane 512).
+constexpr int kQk = 192, kNope = 128, kOutHead = 576, kOutPe = 512;
 
 class LatentRowsTest : public ::testing::Test {
  protected:
@@ -54,6 +63,7 @@ class LatentRowsTest : public ::testing::Test {
     std::vector<int32_t> pos(c.tokens);
     std::uniform_int_distribution<int32_t> any_pos(0, 163839);
     for (int32_t& p : pos) p = any_pos(rng_);
+    got_pos0_ = pos[0];
     std::vector<int64_t> rows(c.page_rows);
     std::iota(rows.begin(), rows.end(), 0);
     std::shuffle(rows.begin(), rows.end(), rng_);
@@ -89,6 +99,24 @@ class LatentRowsTest : public ::testing::Test {
     p.out = dpages.get<__nv_bfloat16>();
     p.ld_out = row;
     p.out_rows = drows.get<int64_t>();
+    // The query part: random rows, and poisoned output rows when out of place.
+    const int64_t q_ld = static_cast<int64_t>(c.q_heads) * kQk + 576;
+    const int64_t qo_ld = static_cast<int64_t>(c.q_heads) * kOutHead;
+    std::vector<uint16_t> q16(static_cast<size_t>(c.tokens) * q_ld);
+    for (uint16_t& v : q16) v = ToBf16(normal(rng_));
+    std::vector<uint16_t> qo16(c.q_out ? static_cast<size_t>(c.tokens) * qo_ld : 1, 0x7fc1);
+    DeviceBuffer dq(q16), dqo(qo16);
+    if (c.q_heads > 0) {
+      p.q_heads = c.q_heads;
+      p.q = dq.get<__nv_bfloat16>() + kNope;
+      p.q_token_stride = q_ld;
+      p.q_head_stride = kQk;
+      if (c.q_out) {
+        p.q_out = dqo.get<__nv_bfloat16>() + kOutPe;
+        p.q_out_token_stride = qo_ld;
+        p.q_out_head_stride = kOutHead;
+      }
+    }
     const absl::Status st = LaunchLatentRows(p, nullptr);
     ASSERT_TRUE(st.ok()) << st;
     ASSERT_CUDA_OK(cudaDeviceSynchronize());
@@ -159,16 +187,84 @@ class LatentRowsTest : public ::testing::Test {
     EXPECT_LT(err.Rel(), 2e-3);
     std::printf("latent_rows tokens=%d rank=%d layout=%d rel_err=%.2e max_abs=%.2e\n", c.tokens,
                 c.rank, static_cast<int>(c.layout), err.Rel(), err.max_abs);
+    if (c.q_heads > 0) CheckQuery(c, p, q16, qo16, dq, dqo);
   }
+
+  // The query vectors against the Rope kernel on a copy of the query rows (the same warp routine:
+  // bit for bit) and against cpu::Rope; every other lane of both buffers unchanged.
+  void CheckQuery(const Case& c, const LatentRowsParams& p, const std::vector<uint16_t>& q16,
+                  const std::vector<uint16_t>& qo16, const DeviceBuffer& dq,
+                  const DeviceBuffer& dqo) {
+    DeviceBuffer dref(q16);
+    RopeParams rp;
+    rp.num_tokens = c.tokens;
+    rp.num_heads = c.q_heads;
+    rp.rope_dim = p.rope_dim;
+    rp.layout = p.layout;
+    rp.attention_factor = p.attention_factor;
+    rp.x = dref.get<__nv_bfloat16>() + kNope;
+    rp.token_stride = p.q_token_stride;
+    rp.head_stride = kQk;
+    rp.positions = p.positions;
+    rp.inv_freq = p.inv_freq;
+    ASSERT_TRUE(LaunchRope(rp, nullptr).ok());
+    ASSERT_CUDA_OK(cudaDeviceSynchronize());
+    const auto want = dref.Download<uint16_t>();  // roped in place
+    const auto got_q = dq.Download<uint16_t>();
+    const auto got_o = dqo.Download<uint16_t>();
+    int64_t rotated = 0, mismatch = 0, stray = 0;
+    for (int t = 0; t < c.tokens; ++t) {
+      for (int h = 0; h < c.q_heads; ++h) {
+        for (int i = 0; i < p.rope_dim; ++i) {
+          const size_t qi = static_cast<size_t>(t) * p.q_token_stride + h * kQk + kNope + i;
+          const uint16_t g =
+              c.q_out
+                  ? got_o[static_cast<size_t>(t) * p.q_out_token_stride + h * kOutHead + kOutPe + i]
+                  : got_q[qi];
+          if (g != want[qi]) ++mismatch;
+          if (g != q16[qi]) ++rotated;
+        }
+      }
+    }
+    // Outside the rotated lanes: q untouched when out of place, everything but them when in place.
+    for (size_t i = 0; i < q16.size(); ++i) {
+      const bool pe_lane = !c.q_out && want[i] != q16[i];
+      if (!pe_lane && got_q[i] != q16[i]) ++stray;
+    }
+    if (c.q_out) {
+      for (int t = 0; t < c.tokens; ++t) {
+        for (int64_t j = 0; j < p.q_out_token_stride; ++j) {
+          const int64_t lane = j % kOutHead;
+          if (lane >= kOutPe && lane < kOutPe + p.rope_dim) continue;
+          if (got_o[static_cast<size_t>(t) * p.q_out_token_stride + j] != qo16[0]) ++stray;
+        }
+      }
+    }
+    EXPECT_EQ(mismatch, 0) << "query vectors must equal the Rope kernel's bit for bit";
+    EXPECT_EQ(stray, 0) << "lanes outside the query vectors changed";
+    EXPECT_GT(rotated, 0) << "the query vectors were not roped";
+    // One vector against the CPU reference (the full check is the bit-for-bit one above).
+    float v[64];
+    for (int j = 0; j < p.rope_dim; ++j) v[j] = FromBf16(q16[kNope + j]);
+    const model::ModelConfig config = testing::RopeTestConfig(c.yarn, c.layout);
+    cpu::Rope(config).Apply(v, got_pos0_);
+    for (int j = 0; j < p.rope_dim; ++j) {
+      const float g = FromBf16(c.q_out ? got_o[kOutPe + j] : got_q[kNope + j]);
+      EXPECT_NEAR(g, RoundBf16(v[j]), std::abs(v[j]) * 0x1p-6f + 1e-4f) << "lane " << j;
+    }
+  }
+  int32_t got_pos0_ = 0;
 };
 
 TEST_F(LatentRowsTest, MatchesReferencesAndTheUnfusedKernels) {
   const std::vector<Case> cases = {
-      {1, 512, 64, model::RopeLayout::kDeinterleaved, true},   // decode batch 1
-      {16, 512, 300, model::RopeLayout::kInterleaved, false},  // V2 lanes
-      {257, 512, 1024, model::RopeLayout::kHalves, true},      // a prefill chunk
-      {5, 2048, 40, model::RopeLayout::kDeinterleaved, true},  // widest rank: 4 turns
-      {3, 8, 9, model::RopeLayout::kDeinterleaved, false},     // tiny rank
+      {1, 512, 64, model::RopeLayout::kDeinterleaved, true},              // decode batch 1
+      {1, 512, 64, model::RopeLayout::kDeinterleaved, true, 16, true},    // + v2-lite queries
+      {16, 512, 300, model::RopeLayout::kInterleaved, false},             // V2 lanes
+      {16, 512, 300, model::RopeLayout::kInterleaved, false, 128, true},  // v3 heads
+      {257, 512, 1024, model::RopeLayout::kHalves, true, 16, false},      // a prefill chunk
+      {5, 2048, 40, model::RopeLayout::kDeinterleaved, true, 4, false},   // widest rank: 4 turns
+      {3, 8, 9, model::RopeLayout::kDeinterleaved, false, 1, true},       // tiny rank
   };
   for (const Case& c : cases) Run(c);
 }
@@ -196,6 +292,16 @@ TEST(LatentRowsParamsTest, RejectsBadShapes) {
   EXPECT_FALSE(ValidateLatentRowsParams(p).ok());
   p.out_rows = reinterpret_cast<const int64_t*>(fake);
   p.rope_dim = 65;
+  EXPECT_FALSE(ValidateLatentRowsParams(p).ok());
+  p.rope_dim = 64;
+  p.q_heads = 16;
+  EXPECT_FALSE(ValidateLatentRowsParams(p).ok()) << "q_heads without q";
+  p.q = reinterpret_cast<__nv_bfloat16*>(fake);
+  EXPECT_TRUE(ValidateLatentRowsParams(p).ok());
+  p.q_head_stride = -1;
+  EXPECT_FALSE(ValidateLatentRowsParams(p).ok());
+  p.q_head_stride = 192;
+  p.q_heads = -1;
   EXPECT_FALSE(ValidateLatentRowsParams(p).ok());
 }
 

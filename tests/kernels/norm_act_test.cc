@@ -1,7 +1,10 @@
-// RMSNorm (+ residual) and SiLU x mul kernels against their CPU references, fresh random inputs,
-// poisoned outputs, strided and in-place forms (label gpu: SKIPPED without a GPU).
+// RMSNorm (+ residual, + a MoE block's combine) and SiLU x mul kernels against their CPU
+// references, fresh random inputs, poisoned outputs, strided and in-place forms (label gpu: the
+// kernel checks SKIPPED without a GPU; the argument checks run everywhere).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <random>
 #include <vector>
 
@@ -106,6 +109,131 @@ TEST_F(NormActTest, RmsNormMatchesReference) {
     std::printf("rms_norm rows=%d dim=%d ld=%d residual=%d in_place=%d rel_err=%.2e max_abs=%.2e\n",
                 c.rows, c.dim, c.ld, c.residual, c.in_place, err.Rel(), err.max_abs);
   }
+}
+
+// The norm that sums a MoE block's output itself: x formed from expert rows (some choices
+// dropped: slot -1), routing weights and the shared experts' rows, in the combine's order of
+// operations (a chain of fp32 fmas, then the shared add: std::fma on the host is the same
+// correctly rounded operation), so the residual stream must match bit for bit.
+TEST_F(NormActTest, RmsNormSumsMoeOutput) {
+  struct Case {
+    int rows, dim, top_k;
+    bool shared;
+  };
+  for (const Case& c : std::vector<Case>{
+           {1, 2048, 6, true}, {16, 2048, 6, true}, {7, 7168, 8, false}, {64, 512, 2, true}}) {
+    SCOPED_TRACE(::testing::Message() << "rows=" << c.rows << " dim=" << c.dim
+                                      << " top_k=" << c.top_k << " shared=" << c.shared);
+    const float eps = 1e-6f;
+    const int slots = c.rows * c.top_k, ld = c.dim + 8;
+    const auto experts = Random(static_cast<size_t>(slots) * c.dim, 0.f, 0.5f);
+    const auto shared = Random(static_cast<size_t>(c.rows) * c.dim, 0.f, 0.5f);
+    const auto res = Random(static_cast<size_t>(c.rows) * c.dim, 0.f, 2.f);
+    const auto w = Random(c.dim, 1.f, 0.2f);
+    std::vector<int64_t> slot(slots);
+    std::vector<float> weight(slots);
+    std::vector<int64_t> perm(slots);
+    for (int i = 0; i < slots; ++i) perm[i] = i;
+    std::shuffle(perm.begin(), perm.end(), rng_);
+    std::uniform_real_distribution<float> uw(0.f, 1.f);
+    for (int i = 0; i < slots; ++i) {
+      slot[i] = i % 5 == 3 ? -1 : perm[i];  // some choices dropped
+      weight[i] = uw(rng_);
+    }
+    std::vector<float> x(static_cast<size_t>(c.rows) * c.dim);
+    for (int r = 0; r < c.rows; ++r) {
+      for (int i = 0; i < c.dim; ++i) {
+        float acc = 0.f;
+        for (int k = 0; k < c.top_k; ++k) {
+          const int64_t sl = slot[r * c.top_k + k];
+          if (sl >= 0) acc = std::fma(weight[r * c.top_k + k], experts[sl * c.dim + i], acc);
+        }
+        if (c.shared) acc += shared[static_cast<size_t>(r) * c.dim + i];
+        x[static_cast<size_t>(r) * c.dim + i] = RoundBf16(acc);
+      }
+    }
+    std::vector<float> want_h, want;
+    RmsNormReference(x, &res, w, c.rows, c.dim, eps, want_h, want);
+
+    DeviceBuffer dexp(Strided(experts, slots, c.dim, ld)),
+        dshared(Strided(shared, c.rows, c.dim, ld));
+    DeviceBuffer dslot(slot), dweight(weight), dw(Strided(w, 1, c.dim, c.dim));
+    DeviceBuffer dres(Strided(res, c.rows, c.dim, c.dim));
+    DeviceBuffer dout(static_cast<size_t>(c.rows) * c.dim * 2);
+    RmsNormParams p;
+    p.rows = c.rows;
+    p.dim = c.dim;
+    p.eps = eps;
+    p.moe.top_k = c.top_k;
+    p.moe.expert_out = dexp.get<__nv_bfloat16>();
+    p.moe.ld_expert_out = ld;
+    p.moe.slot = dslot.get<int64_t>();
+    p.moe.weight = dweight.get<float>();
+    if (c.shared) {
+      p.moe.shared = dshared.get<__nv_bfloat16>();
+      p.moe.ld_shared = ld;
+    }
+    p.residual = dres.get<__nv_bfloat16>();  // in place, as the engine's residual stream
+    p.ld_residual = c.dim;
+    p.residual_out = dres.get<__nv_bfloat16>();
+    p.ld_residual_out = c.dim;
+    p.weight = dw.get<__nv_bfloat16>();
+    p.out = dout.get<__nv_bfloat16>();
+    p.ld_out = c.dim;
+    const absl::Status st = LaunchRmsNorm(p, nullptr);
+    ASSERT_TRUE(st.ok()) << st;
+    ASSERT_CUDA_OK(cudaDeviceSynchronize());
+    const auto got = dout.Download<uint16_t>();
+    const auto got_h = dres.Download<uint16_t>();
+    ErrorSummary err;
+    int64_t over = 0, h_mismatch = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      const float g = FromBf16(got[i]);
+      err.Add(g, want[i]);
+      if (!(std::abs(g - want[i]) <= std::abs(want[i]) * 0x1p-6f + 1e-30f)) ++over;
+      if (FromBf16(got_h[i]) != want_h[i]) ++h_mismatch;
+    }
+    EXPECT_EQ(err.non_finite, 0);
+    EXPECT_EQ(over, 0);
+    EXPECT_EQ(h_mismatch, 0) << "residual_out must be exactly bf16(combine + residual)";
+    EXPECT_LT(err.Rel(), 2e-3);
+    std::printf("rms_norm moe rows=%d dim=%d top_k=%d rel_err=%.2e\n", c.rows, c.dim, c.top_k,
+                err.Rel());
+  }
+}
+
+TEST(RmsNormParamsTest, MoeSumArguments) {
+  static char fake[64] __attribute__((aligned(16)));
+  auto* bf = reinterpret_cast<__nv_bfloat16*>(fake);
+  RmsNormParams p;
+  p.rows = 1;
+  p.dim = 16;
+  p.weight = bf;
+  p.out = bf;
+  p.ld_out = 16;
+  p.residual = bf;
+  p.ld_residual = 16;
+  p.residual_out = bf;
+  p.ld_residual_out = 16;
+  p.moe.top_k = 2;
+  p.moe.expert_out = bf;
+  p.moe.ld_expert_out = 16;
+  p.moe.slot = reinterpret_cast<const int64_t*>(fake);
+  p.moe.weight = reinterpret_cast<const float*>(fake);
+  EXPECT_TRUE(ValidateRmsNormParams(p).ok()) << "x is not needed with moe";
+  p.moe.ld_expert_out = 12;
+  EXPECT_FALSE(ValidateRmsNormParams(p).ok());
+  p.moe.ld_expert_out = 16;
+  p.moe.slot = nullptr;
+  EXPECT_FALSE(ValidateRmsNormParams(p).ok());
+  p.moe.slot = reinterpret_cast<const int64_t*>(fake);
+  p.moe.top_k = kRmsNormMaxTopK + 1;
+  EXPECT_FALSE(ValidateRmsNormParams(p).ok());
+  p.moe.top_k = 2;
+  p.residual = nullptr;
+  EXPECT_FALSE(ValidateRmsNormParams(p).ok()) << "the sum goes only into the residual";
+  p.moe.top_k = 0;
+  EXPECT_FALSE(ValidateRmsNormParams(p).ok()) << "no moe: x must be set";
 }
 
 TEST_F(NormActTest, SiluMulMatchesReference) {

@@ -48,6 +48,7 @@ absl::Status CudaEngine::Impl::MhaAttention(const DeviceLayer& L, const StepPlan
   const int64_t qk = c.qk_head_dim();
   const KvbSlices kvb = SlicesOf(L.kv_b_proj, c);
   const bool q_direct = nope == kPadNope, out_direct = vd == kPadV;
+  const int64_t q_ld = QueryLd();
   const bf16* pool_l = pool.layer_base(layer);
   bf16* attn_p = attn.as<bf16>();
   bf16* kpp = kp.as<bf16>();
@@ -87,13 +88,11 @@ absl::Status CudaEngine::Impl::MhaAttention(const DeviceLayer& L, const StepPlan
           kRow,   0,     kpp + kPadNope, heads * kPadQk, kPadQk};
     RETURN_IF_ERROR(CopyHeads(cp, s));
     // Q = [q_nope | 0 | q_pe].
-    const bf16* qs = q.as<bf16>() + sq.first_row * heads * qk;
+    const bf16* qs = QueryRows() + sq.first_row * q_ld;
     if (!q_direct) {
-      cp = {sq.q_len,   heads, nope,          kPadNope,       qs,
-            heads * qk, qk,    qp.as<bf16>(), heads * kPadQk, kPadQk};
+      cp = {sq.q_len, heads, nope, kPadNope, qs, q_ld, qk, qp.as<bf16>(), heads * kPadQk, kPadQk};
       RETURN_IF_ERROR(CopyHeads(cp, s));
-      cp = {sq.q_len,       heads,      kRope, kRope,
-            qs + nope,      heads * qk, qk,    qp.as<bf16>() + kPadNope,
+      cp = {sq.q_len,       heads, kRope, kRope, qs + nope, q_ld, qk, qp.as<bf16>() + kPadNope,
             heads * kPadQk, kPadQk};
       RETURN_IF_ERROR(CopyHeads(cp, s));
     }
@@ -108,7 +107,7 @@ absl::Status CudaEngine::Impl::MhaAttention(const DeviceLayer& L, const StepPlan
     p.cu_seqlens_q = meta.At<int32_t>(P.o_cu) + sq.cu_off;
     p.cu_seqlens_k = meta.At<int32_t>(P.o_cu) + sq.cu_off + 2;
     p.q = q_direct ? qs : qp.as<bf16>();
-    p.q_token_stride = q_direct ? heads * qk : heads * kPadQk;
+    p.q_token_stride = q_direct ? q_ld : heads * kPadQk;
     p.q_head_stride = q_direct ? qk : kPadQk;
     p.k = kpp;
     p.k_token_stride = heads * kPadQk;
@@ -139,20 +138,23 @@ absl::Status CudaEngine::Impl::AbsorbedAttention(const DeviceLayer& L, const Ste
   const int64_t vd = c.v_head_dim, qk = c.qk_head_dim();
   const KvbSlices kvb = SlicesOf(L.kv_b_proj, c);
   const int64_t hq_pad = (heads + 15) / 16 * 16;
-  const bf16* qdp = q.as<bf16>();
+  // The decode rows' queries: in place for decode-only steps, else gathered (compact rows).
+  const bf16* qdp = QueryRows();
+  int64_t ld_qd = QueryLd();
   if (!P.all_decode) {
-    RETURN_IF_ERROR(GatherRows(q.as<bf16>(), heads * qk, meta.At<int64_t>(P.o_dec), m, heads * qk,
+    RETURN_IF_ERROR(GatherRows(QueryRows(), QueryLd(), meta.At<int64_t>(P.o_dec), m, heads * qk,
                                qd.as<bf16>(), heads * qk, s));
     qdp = qd.as<bf16>();
+    ld_qd = heads * qk;
   }
   bf16* qf = qfull.as<bf16>();
   const bool skinny = m <= kSkinnyMaxRows && wuk_t != nullptr;
-  // q_pe into the query rows (side stream) beside q_lat, unless Enqueue's RoPE wrote it there.
+  // q_pe into the query rows (side stream) beside q_lat, unless RopeRows wrote it there.
   const bool copy_pe = !RopesIntoQueryRows(P);
   if (copy_pe) {
     RETURN_IF_ERROR(side->Fork());
-    CopyHeadsParams cp{m,          heads, kRope,        kRope,         qdp + nope,
-                       heads * qk, qk,    qf + kLatent, hq_pad * kRow, kRow};
+    CopyHeadsParams cp{m,     heads, kRope,        kRope,         qdp + nope,
+                       ld_qd, qk,    qf + kLatent, hq_pad * kRow, kRow};
     RETURN_IF_ERROR(CopyHeads(cp, side->stream()));
   }
   // q_lat[r][hd] = q_nope[r][hd] · W_UK[hd]   ([nope] × [nope][512], one GEMM per head): the
@@ -164,7 +166,7 @@ absl::Status CudaEngine::Impl::AbsorbedAttention(const DeviceLayer& L, const Ste
     sg.k = static_cast<int>(nope);
     sg.batch = static_cast<int>(heads);
     sg.x = qdp;
-    sg.ld_x = heads * qk;
+    sg.ld_x = ld_qd;
     sg.batch_stride_x = qk;
     sg.w = wuk_t + layer * heads * kLatent * nope;
     sg.batch_stride_w = kLatent * nope;
@@ -180,7 +182,7 @@ absl::Status CudaEngine::Impl::AbsorbedAttention(const DeviceLayer& L, const Ste
     g.k = nope;
     g.trans_b = false;
     g.a = qdp;
-    g.lda = heads * qk;
+    g.lda = ld_qd;
     g.stride_a = qk;
     g.b = kvb.w_uk;
     g.ldb = kLatent;

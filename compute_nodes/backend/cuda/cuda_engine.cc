@@ -129,6 +129,11 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(
     return absl::InvalidArgumentError(
         "cuda backend: hidden and intermediate sizes must be multiples of 8");
   }
+  if (c.q_lora_rank == 0 && c.num_attention_heads * c.qk_head_dim() % 8 != 0) {
+    // The KV rows follow the query rows in the fused projection's output, 16-byte aligned.
+    return absl::InvalidArgumentError(
+        "cuda backend: without q_lora_rank, heads x qk_head_dim must be a multiple of 8");
+  }
   if (c.n_routed_experts > kernels::kMoeMaxExperts ||
       c.num_experts_per_tok > kernels::kMoeMaxTopK) {
     return absl::InvalidArgumentError("cuda backend: too many experts for the router kernel");
@@ -428,9 +433,11 @@ absl::Status CudaEngine::Impl::Reserve(const StepPlan& P) {
   RETURN_IF_ERROR(x.Ensure(n * h * 2));
   RETURN_IF_ERROR(xn.Ensure(n * h * 2));
   RETURN_IF_ERROR(delta.Ensure(n * h * 2));
-  RETURN_IF_ERROR(q.Ensure(n * heads * qk * 2));
-  RETURN_IF_ERROR(qa.Ensure(n * std::max<int64_t>(c.q_lora_rank, 8) * 2));
-  RETURN_IF_ERROR(kva.Ensure(n * kRow * 2));
+  RETURN_IF_ERROR(qkva.Ensure(n * QkvaLd() * 2));
+  if (c.q_lora_rank > 0) {
+    RETURN_IF_ERROR(q.Ensure(n * heads * qk * 2));
+    RETURN_IF_ERROR(qa.Ensure(n * c.q_lora_rank * 2));
+  }
   RETURN_IF_ERROR(attn.Ensure(n * heads * vd * 2));
   RETURN_IF_ERROR(gu.Ensure(n * 2 * std::max<int64_t>(c.intermediate_size, 8) * 2));
   RETURN_IF_ERROR(moe.Reserve(n));
@@ -460,8 +467,9 @@ absl::Status CudaEngine::Impl::Reserve(const StepPlan& P) {
 
 absl::Status CudaEngine::Impl::Norm(int64_t rows, int64_t dim, const bf16* in, int64_t ld_in,
                                     bf16* residual, const bf16* weight, bf16* out, int64_t ld_out,
-                                    cudaStream_t stream) {
+                                    cudaStream_t stream, const kernels::RmsNormMoeSum& moe_sum) {
   kernels::RmsNormParams p;
+  p.moe = moe_sum;
   p.rows = static_cast<int>(rows);
   p.dim = static_cast<int>(dim);
   p.eps = static_cast<float>(W.config().rms_norm_eps);
@@ -479,37 +487,17 @@ absl::Status CudaEngine::Impl::Norm(int64_t rows, int64_t dim, const bf16* in, i
   return kernels::LaunchRmsNorm(p, stream);
 }
 
-absl::Status CudaEngine::Impl::Rope(bf16* x, int64_t rows, int64_t heads, int64_t token_stride,
-                                    int64_t head_stride, const StepPlan& P, cudaStream_t stream,
-                                    bf16* out, int64_t out_token_stride, int64_t out_head_stride) {
+absl::Status CudaEngine::Impl::RopeRows(const bf16* kv_a, int64_t ld_kv_a, const bf16* norm_weight,
+                                        const StepPlan& P, bf16* pages) {
   const ModelConfig& c = W.config();
-  kernels::RopeParams p;
-  p.num_tokens = static_cast<int>(rows);
-  p.num_heads = static_cast<int>(heads);
-  p.rope_dim = static_cast<int>(kRope);
-  p.layout = Lanes(c.rope_layout);
-  p.attention_factor = static_cast<float>(c.RopeAttentionFactor());
-  p.x = x;
-  p.token_stride = token_stride;
-  p.head_stride = head_stride;
-  p.out = out;
-  p.out_token_stride = out_token_stride;
-  p.out_head_stride = out_head_stride;
-  p.positions = meta.At<int32_t>(P.o_pos);
-  p.inv_freq = inv_freq;
-  return kernels::LaunchRope(p, stream);
-}
-
-absl::Status CudaEngine::Impl::LatentRows(const bf16* kv_a, const bf16* norm_weight,
-                                          const StepPlan& P, bf16* pages, cudaStream_t stream) {
-  const ModelConfig& c = W.config();
+  const int64_t heads = c.num_attention_heads, qk = c.qk_head_dim();
   kernels::LatentRowsParams p;
   p.num_tokens = static_cast<int>(P.n);
   p.rank = static_cast<int>(kLatent);
   p.rope_dim = static_cast<int>(kRope);
   p.eps = static_cast<float>(c.rms_norm_eps);
   p.in = kv_a;
-  p.ld_in = kRow;
+  p.ld_in = ld_kv_a;
   p.norm_weight = norm_weight;
   p.layout = Lanes(c.rope_layout);
   p.attention_factor = static_cast<float>(c.RopeAttentionFactor());
@@ -518,7 +506,17 @@ absl::Status CudaEngine::Impl::LatentRows(const bf16* kv_a, const bf16* norm_wei
   p.out = pages;
   p.ld_out = kRow;
   p.out_rows = meta.At<int64_t>(P.o_kv);
-  return kernels::LaunchLatentRows(p, stream);
+  p.q_heads = static_cast<int>(heads);
+  p.q = QueryRows() + c.qk_nope_head_dim;
+  p.q_token_stride = QueryLd();
+  p.q_head_stride = qk;
+  if (RopesIntoQueryRows(P)) {
+    const int64_t hq_pad = (heads + 15) / 16 * 16;
+    p.q_out = qfull.as<bf16>() + kLatent;
+    p.q_out_token_stride = hq_pad * kRow;
+    p.q_out_head_stride = kRow;
+  }
+  return kernels::LaunchLatentRows(p, s);
 }
 
 // The step's device work, in stream order: everything here may be captured into a graph (no
@@ -526,7 +524,7 @@ absl::Status CudaEngine::Impl::LatentRows(const bf16* kv_a, const bf16* norm_wei
 absl::Status CudaEngine::Impl::Enqueue(const StepPlan& P) {
   const ModelConfig& c = W.config();
   const int64_t n = P.n, h = c.hidden_size, heads = c.num_attention_heads;
-  const int64_t nope = c.qk_nope_head_dim, qk = c.qk_head_dim();
+  const int64_t qk = c.qk_head_dim();
   const int64_t hq_pad = (heads + 15) / 16 * 16;
   // Programmatic launches pay for few-row steps only (kernels/common/pdl.cuh).
   kernels::ProgrammaticLaunchEnabled() = n <= kSkinnyMaxRows;
@@ -538,36 +536,29 @@ absl::Status CudaEngine::Impl::Enqueue(const StepPlan& P) {
   bf16* xp = x.as<bf16>();
   bf16* xnp = xn.as<bf16>();
   bf16* dp = delta.as<bf16>();
-  bf16* qp_ = q.as<bf16>();
-  bf16* kvap = kva.as<bf16>();
+  bf16* qkvp = qkva.as<bf16>();
+  const int64_t qkv_ld = QkvaLd();
   RETURN_IF_ERROR(GatherRows32(W.embed(), h, meta.At<int32_t>(P.o_ids), n, h, xp, h, s));
 
+  // The previous feed-forward block's output when it is a MoE block's (top_k > 0): summed by the
+  // next norm; otherwise the output is in delta.
+  kernels::RmsNormMoeSum block_out;
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const DeviceLayer& L = W.layers()[l];
-    // Input norm; from layer 1 on fused with x += delta (the previous block's output).
+    // Input norm; from layer 1 on fused with x += the previous block's output.
     RETURN_IF_ERROR(
-        Norm(n, h, l == 0 ? xp : dp, h, l == 0 ? nullptr : xp, L.input_norm, xnp, h, s));
-    // The new latent + k_pe rows into their pages (side stream) beside the query projection.
-    RETURN_IF_ERROR(side->Fork());
-    const cudaStream_t s2 = side->stream();
-    RETURN_IF_ERROR(LinearBf16(side->blas(), s2, L.kv_a_proj, xnp, h, n, kvap, kRow));
-    RETURN_IF_ERROR(LatentRows(kvap, L.kv_a_norm, P, pool.layer_base(l), s2));
+        Norm(n, h, l == 0 ? xp : dp, h, l == 0 ? nullptr : xp, L.input_norm, xnp, h, s, block_out));
+    // One projection for the query (or its low-rank part) and the new latent + k_pe rows.
+    RETURN_IF_ERROR(LinearBf16(blas, s, L.q_kv_a, xnp, h, n, qkvp, qkv_ld));
+    const int64_t q_cols = L.q_kv_a.out - kRow;
     if (c.q_lora_rank > 0) {
       bf16* qap = qa.as<bf16>();
-      RETURN_IF_ERROR(LinearBf16(blas, s, L.q_a_proj, xnp, h, n, qap, c.q_lora_rank));
       RETURN_IF_ERROR(
-          Norm(n, c.q_lora_rank, qap, c.q_lora_rank, nullptr, L.q_a_norm, qap, c.q_lora_rank, s));
-      RETURN_IF_ERROR(LinearBf16(blas, s, L.q_b_proj, qap, c.q_lora_rank, n, qp_, heads * qk));
-    } else {
-      RETURN_IF_ERROR(LinearBf16(blas, s, L.q_proj, xnp, h, n, qp_, heads * qk));
+          Norm(n, c.q_lora_rank, qkvp, qkv_ld, nullptr, L.q_a_norm, qap, c.q_lora_rank, s));
+      RETURN_IF_ERROR(
+          LinearBf16(blas, s, L.q_b_proj, qap, c.q_lora_rank, n, QueryRows(), heads * qk));
     }
-    if (RopesIntoQueryRows(P)) {
-      RETURN_IF_ERROR(Rope(qp_ + nope, n, heads, heads * qk, qk, P, s, qfull.as<bf16>() + kLatent,
-                           hq_pad * kRow, kRow));
-    } else {
-      RETURN_IF_ERROR(Rope(qp_ + nope, n, heads, heads * qk, qk, P, s));
-    }
-    RETURN_IF_ERROR(side->Join());
+    RETURN_IF_ERROR(RopeRows(qkvp + q_cols, qkv_ld, L.kv_a_norm, P, pool.layer_base(l)));
     RETURN_IF_ERROR(MhaAttention(L, P, l));
     RETURN_IF_ERROR(AbsorbedAttention(L, P, l));
     RETURN_IF_ERROR(LinearBf16(blas, s, L.o_proj, attn.as<bf16>(), heads * c.v_head_dim, n, dp, h));
@@ -575,13 +566,14 @@ absl::Status CudaEngine::Impl::Enqueue(const StepPlan& P) {
     // ---- Feed-forward.
     RETURN_IF_ERROR(Norm(n, h, dp, h, xp, L.post_attention_norm, xnp, h, s));
     if (L.moe) {
-      RETURN_IF_ERROR(moe.Forward(l, L, xnp, n, dp));
+      ASSIGN_OR_RETURN(block_out, moe.Forward(l, L, xnp, n));
     } else {
       RETURN_IF_ERROR(Mlp(blas, s, L.gate_up, L.down, xnp, n, gu.as<bf16>(), dp));
+      block_out = {};
     }
   }
   // Final norm (fused with the last residual add), then the LM head on the output rows only.
-  RETURN_IF_ERROR(Norm(n, h, dp, h, xp, W.final_norm(), xnp, h, s));
+  RETURN_IF_ERROR(Norm(n, h, dp, h, xp, W.final_norm(), xnp, h, s, block_out));
   RETURN_IF_ERROR(
       GatherRows(xnp, h, meta.At<int64_t>(P.o_out), P.total_out, h, fin.as<bf16>(), h, s));
   return Linear(blas, W.lm_head(), fin.as<bf16>(), h, P.total_out, logits.as<float>(), c.vocab_size,

@@ -70,24 +70,6 @@ __global__ void CopyHeadsKernel(CopyHeadsParams p) {
   }
 }
 
-__global__ void MoeCombineKernel(const __nv_bfloat16* expert_out, const int64_t* pos,
-                                 const float* weights, int64_t tokens, int64_t top_k, int64_t dim,
-                                 const __nv_bfloat16* shared, __nv_bfloat16* out) {
-  kernels::PdlGridSync();
-  const int64_t total = tokens * dim;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t t = i / dim, d = i % dim;
-    float acc = 0.f;
-    for (int64_t k = 0; k < top_k; ++k) {
-      const int64_t row = pos[t * top_k + k];
-      if (row >= 0) acc += weights[t * top_k + k] * __bfloat162float(expert_out[row * dim + d]);
-    }
-    if (shared != nullptr) acc += __bfloat162float(shared[i]);
-    out[i] = __float2bfloat16_rn(acc);
-  }
-}
-
 __global__ void TransposeBatchedKernel(const __nv_bfloat16* src, int64_t src_batch_stride,
                                        int64_t batch, int64_t rows, int64_t cols,
                                        __nv_bfloat16* dst) {
@@ -169,15 +151,6 @@ absl::Status CopyHeads(const CopyHeadsParams& p, cudaStream_t stream) {
   (void)kernels::LaunchPdl(vec ? CopyHeadsKernel<8> : CopyHeadsKernel<1>, grid, dim3(kThreads), 0,
                            stream, p);
   return LaunchError("CopyHeads");
-}
-
-absl::Status MoeCombine(const __nv_bfloat16* expert_out, const int64_t* pos, const float* weights,
-                        int64_t tokens, int64_t top_k, int64_t dim, const __nv_bfloat16* shared,
-                        __nv_bfloat16* out, cudaStream_t stream) {
-  if (tokens * dim == 0) return absl::OkStatus();
-  (void)kernels::LaunchPdl(MoeCombineKernel, dim3(Blocks(tokens * dim)), dim3(kThreads), 0, stream,
-                           expert_out, pos, weights, tokens, top_k, dim, shared, out);
-  return LaunchError("MoeCombine");
 }
 
 absl::Status TransposeBatched(const __nv_bfloat16* src, int64_t src_batch_stride, int64_t batch,

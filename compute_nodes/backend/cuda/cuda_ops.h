@@ -1,7 +1,7 @@
 // Small data-movement kernels of the CUDA backend (the math kernels live in kernels/): embedding
-// rows, KV rows into pages, row gathers/scatters, head-strided copies with zero padding, the MoE
-// weighted combine, batched transposes, and random bf16 fills for benchmark weights. All bf16, all enqueued on the
-// given stream; each returns the launch error. Stateless and thread-compatible.
+// rows, KV rows into pages, row gathers/scatters, head-strided copies with zero padding, batched
+// transposes, and random bf16 fills for benchmark weights. All bf16, all enqueued on the given
+// stream; each returns the launch error. Stateless and thread-compatible.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -36,18 +36,10 @@ struct CopyHeadsParams {
 };
 absl::Status CopyHeads(const CopyHeadsParams& p, cudaStream_t stream);
 
-// out[t][d] = bf16(sum_k weights[t][k] * expert_out[pos[t][k]][d] (+ shared[t][d]))
-// for t < tokens, k < top_k, d < dim; pos indexes rows of expert_out (a negative pos is skipped:
-// a choice the MoE alignment rejected).
-absl::Status MoeCombine(const __nv_bfloat16* expert_out, const int64_t* pos, const float* weights,
-                        int64_t tokens, int64_t top_k, int64_t dim, const __nv_bfloat16* shared,
-                        __nv_bfloat16* out, cudaStream_t stream);
-
 // dst[b][j][i] = src[b * src_batch_stride + i * cols + j] for b < batch, i < rows, j < cols (a
 // batch of row-major [rows][cols] matrices transposed into dense [cols][rows] ones).
 absl::Status TransposeBatched(const __nv_bfloat16* src, int64_t src_batch_stride, int64_t batch,
-                              int64_t rows, int64_t cols, __nv_bfloat16* dst,
-                              cudaStream_t stream);
+                              int64_t rows, int64_t cols, __nv_bfloat16* dst, cudaStream_t stream);
 
 // Random bf16 of `n` elements: normal(0, stddev) (kind 0), 1 + 0.2 (U - 0.5) (kind 1, norms) or
 // 0.15 U (kind 2, correction bias), from a counter-based hash of (seed, index). Benchmarks only:

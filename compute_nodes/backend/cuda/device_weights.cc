@@ -279,6 +279,11 @@ absl::Status DeviceWeights::Map() {
     }
     ASSIGN_OR_RETURN(L.kv_a_proj, linear(a + "kv_a_proj_with_mqa.weight",
                                          c.kv_lora_rank + c.qk_rope_head_dim, h));
+    const DeviceLinear& q_in = c.q_lora_rank > 0 ? L.q_a_proj : L.q_proj;
+    if (L.kv_a_proj.w != q_in.w + q_in.out * h) {
+      return absl::InternalError(StrCat(a, ": q and kv_a projections not adjacent"));
+    }
+    L.q_kv_a = {q_in.w, q_in.out + L.kv_a_proj.out, h};
     ASSIGN_OR_RETURN(L.kv_a_norm, get(a + "kv_a_layernorm.weight"));
     ASSIGN_OR_RETURN(L.kv_b_proj,
                      linear(a + "kv_b_proj.weight", heads * (c.qk_nope_head_dim + c.v_head_dim),

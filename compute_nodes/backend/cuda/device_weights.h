@@ -1,6 +1,7 @@
 // The model's weights in GPU memory, bf16, uploaded once: one device allocation holding every
 // tensor of CheckpointTensors(config) in its order, so each expert's gate_proj and up_proj rows are
-// adjacent (one fused [2I][H] gate|up GEMM) and the experts of a layer are equally spaced.
+// adjacent (one fused [2I][H] gate|up GEMM), so are a layer's q_proj (q_a_proj) and kv_a_proj
+// rows, and the experts of a layer are equally spaced.
 //
 // Sources: a checkpoint directory (bf16 tensors are copied as they are; fp32/fp16 are rounded to
 // bf16; experts stored fused as transformers 5.x keeps them, gate_up_proj [E, 2I, H] and
@@ -36,6 +37,8 @@ struct DeviceLayer {
   DeviceLinear q_proj, q_a_proj, q_b_proj;  // q_proj without q_lora_rank
   const __nv_bfloat16* q_a_norm = nullptr;
   DeviceLinear kv_a_proj, kv_b_proj, o_proj;
+  // q_proj (or q_a_proj) and kv_a_proj as one linear: their rows are adjacent.
+  DeviceLinear q_kv_a;
   const __nv_bfloat16* kv_a_norm = nullptr;
   bool moe = false;
   DeviceLinear gate_up, down;              // dense MLP: gate|up [2I][H], down [H][I]

@@ -78,18 +78,27 @@ struct CudaEngine::Impl {
   absl::Status Plan(std::span<const runtime::SequenceInput> batch, StepPlan* plan);
   absl::Status Reserve(const StepPlan& plan);
   absl::Status Enqueue(const StepPlan& plan);
+  // RMSNorm of `in` (+ residual, in place), or with moe_sum set of a MoE block's output summed
+  // on the way (kernels/norm_rope/rms_norm.h; `in` unused).
   absl::Status Norm(int64_t rows, int64_t dim, const bf16* in, int64_t ld_in, bf16* residual,
-                    const bf16* weight, bf16* out, int64_t ld_out, cudaStream_t stream);
-  // The step's new latent rows (kv_a_proj output [n][576]) normed, roped and into their pages.
-  absl::Status LatentRows(const bf16* kv_a, const bf16* norm_weight, const StepPlan& P, bf16* pages,
-                          cudaStream_t stream);
-  // Whether Enqueue's RoPE writes q_pe straight into the MLA query rows (decode-only steps: row
-  // r is decode row r) or AbsorbedAttention copies it there (mixed steps gather the decode rows).
+                    const bf16* weight, bf16* out, int64_t ld_out, cudaStream_t stream,
+                    const kernels::RmsNormMoeSum& moe_sum = {});
+  // One kernel for a layer's RoPE: the step's new latent rows (kv_a_proj output, [n][576] at
+  // stride ld_kv_a) normed, roped and written into their pages, and the query rows' q_pe roped.
+  absl::Status RopeRows(const bf16* kv_a, int64_t ld_kv_a, const bf16* norm_weight,
+                        const StepPlan& P, bf16* pages);
+  // Whether RopeRows writes q_pe straight into the MLA query rows (decode-only steps: row r is
+  // decode row r) or AbsorbedAttention copies it there (mixed steps gather the decode rows).
   static bool RopesIntoQueryRows(const StepPlan& P) { return P.all_decode; }
-  // In place, or into `out` at its own strides.
-  absl::Status Rope(bf16* x, int64_t rows, int64_t heads, int64_t token_stride, int64_t head_stride,
-                    const StepPlan& P, cudaStream_t stream, bf16* out = nullptr,
-                    int64_t out_token_stride = 0, int64_t out_head_stride = 0);
+  // The query rows [n][heads * qk_head_dim] at stride QueryLd(): q_b_proj's output, or without
+  // q_lora_rank the first columns of the fused q|kv_a projection's output.
+  bf16* QueryRows() const { return W.config().q_lora_rank > 0 ? q.as<bf16>() : qkva.as<bf16>(); }
+  int64_t QueryLd() const {
+    const model::ModelConfig& c = W.config();
+    return c.q_lora_rank > 0 ? c.num_attention_heads * c.qk_head_dim() : QkvaLd();
+  }
+  // The fused projection's row: [q (or the low-rank q_a) | c_kv | k_pe].
+  int64_t QkvaLd() const { return W.layers().front().q_kv_a.out; }
   absl::Status MhaAttention(const DeviceLayer& L, const StepPlan& P, int64_t layer);
   // Picks every output row's token on the GPU with its sequence's draw (rows before a sequence's
   // last, and sequences without a draw, are picked greedily and never read) and queues their
@@ -102,7 +111,7 @@ struct CudaEngine::Impl {
   DeviceKvPool& pool;
   const Cublas& blas;
   cudaStream_t s;
-  std::unique_ptr<SideStream> side;  // parallel branches: the KV path, the shared experts
+  std::unique_ptr<SideStream> side;  // parallel branches: the shared experts, q_pe copies
   const CudaEngineOptions options;
   int64_t grows = 0;          // buffer reallocations (declared before the buffers that count)
   float* inv_freq = nullptr;  // [rope / 2]
@@ -119,7 +128,9 @@ struct CudaEngine::Impl {
   Buf draws;             // [logits rows] kernels::SampleRowDraw
   Meta meta{&grows};
   // Activations.
-  Buf x{&grows}, xn{&grows}, delta{&grows}, q{&grows}, qa{&grows}, kva{&grows}, attn{&grows},
+  // qkva: [n][QkvaLd()], the fused q|kv_a projection; q: q_b_proj's output and qa: the normed
+  // low-rank query (models with q_lora_rank).
+  Buf x{&grows}, xn{&grows}, delta{&grows}, qkva{&grows}, q{&grows}, qa{&grows}, attn{&grows},
       gu{&grows};
   // Decode (absorbed).
   Buf qd{&grows}, qfull{&grows}, olat{&grows}, dlse{&grows}, dws{&grows}, od{&grows};

@@ -106,8 +106,8 @@ absl::Status MoeBlock::BeginStep() {
   return absl::OkStatus();
 }
 
-absl::Status MoeBlock::Forward(int64_t layer, const DeviceLayer& L, const bf16* xn, int64_t n,
-                               bf16* delta) {
+absl::StatusOr<kernels::RmsNormMoeSum> MoeBlock::Forward(int64_t layer, const DeviceLayer& L,
+                                                         const bf16* xn, int64_t n) {
   const int64_t h = c_.hidden_size, ne = c_.n_routed_experts, k = c_.num_experts_per_tok;
   moe_layer_[layer] = true;
   const bf16* shared = nullptr;
@@ -167,7 +167,15 @@ absl::Status MoeBlock::Forward(int64_t layer, const DeviceLayer& L, const bf16* 
     token_slot = host_meta_.At<int64_t>(host_slot_offset_);
   }
   if (L.has_shared && side_ != nullptr) RETURN_IF_ERROR(side_->Join());
-  return MoeCombine(ye_.as<bf16>(), token_slot, weights_.as<float>(), n, k, h, shared, delta, s_);
+  kernels::RmsNormMoeSum out;
+  out.top_k = static_cast<int>(k);
+  out.expert_out = ye_.as<bf16>();
+  out.ld_expert_out = h;
+  out.slot = token_slot;
+  out.weight = weights_.as<float>();
+  out.shared = shared;
+  out.ld_shared = h;
+  return out;
 }
 
 absl::Status MoeBlock::Align(int64_t layer, int64_t n) {

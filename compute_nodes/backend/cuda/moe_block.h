@@ -1,8 +1,9 @@
 // The MoE feed-forward block of the CUDA backend, for one layer at a time:
 //
 //   router GEMM (fp32 logits) -> kernels/moe_router (top-k experts + weights) -> routed experts
-//   -> shared experts (fused gate|up GEMM, SiLU×mul, down GEMM) -> MoeCombine (weighted sum +
-//   shared)
+//   -> shared experts (fused gate|up GEMM, SiLU×mul, down GEMM); the weighted sum of the
+//   experts' rows + the shared experts' is left to the next RMSNorm (kernels/norm_rope/rms_norm.h,
+//   RmsNormMoeSum): one kernel less per layer
 //
 // Three ways to run the routed experts, picked by the token count (the host knows n, not the
 // routing):
@@ -33,6 +34,7 @@
 #include "compute_nodes/backend/cuda/device_weights.h"
 #include "compute_nodes/backend/cuda/step_util.h"
 #include "compute_nodes/model/model_config.h"
+#include "kernels/norm_rope/rms_norm.h"
 
 namespace strata::cuda {
 
@@ -52,9 +54,10 @@ class MoeBlock {
   bool DevicePath(int64_t n) const { return PathFor(n) == Path::kDevice; }
   absl::Status Reserve(int64_t n);
   absl::Status BeginStep();
-  // delta[n][H] = MoE(xn[n][H]) of MoE layer `layer` (its index in the model).
-  absl::Status Forward(int64_t layer, const DeviceLayer& L, const __nv_bfloat16* xn, int64_t n,
-                       __nv_bfloat16* delta);
+  // MoE(xn[n][H]) of MoE layer `layer` (its index in the model), enqueued up to the combine: the
+  // returned rows and weights are summed by the next norm (valid until the next Forward).
+  absl::StatusOr<kernels::RmsNormMoeSum> Forward(int64_t layer, const DeviceLayer& L,
+                                                 const __nv_bfloat16* xn, int64_t n);
   absl::Status EnqueueReadback(int64_t n);  // n: the step's tokens
   absl::StatusOr<int64_t> FinishStep();
 
@@ -75,7 +78,7 @@ class MoeBlock {
   // Routing: logits [n][E] fp32, experts/weights [n][k].
   Buf router_logits_, experts_, weights_;
   // Device path: counts [E], offsets [E + 1], active [E], slot_token [n k], token_slot [n k]
-  // (int64, MoeCombine's row index), act [n k][I]; per-layer active counts [layers] and the error
+  // (int64, the combine's row index), act [n k][I]; per-layer active counts [layers] and the error
   // flag, mirrored into pinned host memory by EnqueueReadback.
   Buf count_, offset_, active_, slot_token_, token_slot_, act_, num_active_, error_;
   // Grouped path (with the device path's alignment and act): the tile schedule and the slots'
