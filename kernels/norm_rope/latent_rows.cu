@@ -27,12 +27,10 @@ __global__ void __launch_bounds__(kThreads) LatentRowsKernel(LatentRowsParams p)
   if (blockIdx.y > 0) {
     const int head = (blockIdx.y - 1) * kQueryHeadsPerBlock + warp;
     if (head >= p.q_heads) return;
-    const __nv_bfloat16* x = p.q + token * p.q_token_stride + head * p.q_head_stride;
-    __nv_bfloat16* y = p.q_out == nullptr
-                           ? p.q + token * p.q_token_stride + head * p.q_head_stride
-                           : p.q_out + token * p.q_out_token_stride + head * p.q_out_head_stride;
-    rope_detail::RopeWarp(x, y, p.rope_dim, p.layout, static_cast<float>(p.positions[token]),
-                          p.inv_freq, p.attention_factor, lane);
+    rope_detail::RopeStrided({p.q, p.q_token_stride, p.q_head_stride, p.q_out, p.q_out_token_stride,
+                              p.q_out_head_stride},
+                             token, head, p.rope_dim, p.layout, p.positions, p.inv_freq,
+                             p.attention_factor, lane);
     return;
   }
   const __nv_bfloat16* src = p.in + token * p.ld_in;

@@ -15,14 +15,10 @@ __global__ void __launch_bounds__(kThreads) RopeKernel(RopeParams p) {
   const int64_t vec = static_cast<int64_t>(blockIdx.x) * (kThreads / 32) + threadIdx.x / 32;
   if (vec >= static_cast<int64_t>(p.num_tokens) * p.num_heads) return;
   const int lane = threadIdx.x % 32;
-  const int token = static_cast<int>(vec / p.num_heads);
-  const int head = static_cast<int>(vec % p.num_heads);
-  const __nv_bfloat16* x = p.x + token * p.token_stride + head * p.head_stride;
-  __nv_bfloat16* y = p.out == nullptr
-                         ? p.x + token * p.token_stride + head * p.head_stride
-                         : p.out + token * p.out_token_stride + head * p.out_head_stride;
-  rope_detail::RopeWarp(x, y, p.rope_dim, p.layout, static_cast<float>(p.positions[token]),
-                        p.inv_freq, p.attention_factor, lane);
+  rope_detail::RopeStrided(
+      {p.x, p.token_stride, p.head_stride, p.out, p.out_token_stride, p.out_head_stride},
+      vec / p.num_heads, static_cast<int>(vec % p.num_heads), p.rope_dim, p.layout, p.positions,
+      p.inv_freq, p.attention_factor, lane);
 }
 
 absl::Status Invalid(const std::string& what) {

@@ -4,6 +4,8 @@
 
 #include <cuda_bf16.h>
 
+#include <cstdint>
+
 #include "kernels/norm_rope/rope.h"
 
 namespace strata::kernels::rope_detail {
@@ -48,6 +50,26 @@ __device__ __forceinline__ void RopeWarp(const __nv_bfloat16* x, __nv_bfloat16* 
       y[i + half] = __float2bfloat16_rn(rb[k]);
     }
   }
+}
+
+// Vector `head` of token `token` in a strided set (vector (t, h) at x + t * token_stride +
+// h * head_stride), rotated in place or, when out is set, into out at its own strides.
+struct StridedVectors {
+  __nv_bfloat16* x;
+  int64_t token_stride, head_stride;
+  __nv_bfloat16* out;
+  int64_t out_token_stride, out_head_stride;
+};
+__device__ __forceinline__ void RopeStrided(const StridedVectors& v, int64_t token, int head,
+                                            int rope_dim, RopeLanes layout,
+                                            const int32_t* positions, const float* inv_freq,
+                                            float attention_factor, int lane) {
+  const __nv_bfloat16* x = v.x + token * v.token_stride + head * v.head_stride;
+  __nv_bfloat16* y = v.out == nullptr
+                         ? v.x + token * v.token_stride + head * v.head_stride
+                         : v.out + token * v.out_token_stride + head * v.out_head_stride;
+  RopeWarp(x, y, rope_dim, layout, static_cast<float>(positions[token]), inv_freq, attention_factor,
+           lane);
 }
 
 }  // namespace strata::kernels::rope_detail

@@ -63,7 +63,7 @@ class LatentRowsTest : public ::testing::Test {
     std::vector<int32_t> pos(c.tokens);
     std::uniform_int_distribution<int32_t> any_pos(0, 163839);
     for (int32_t& p : pos) p = any_pos(rng_);
-    got_pos0_ = pos[0];
+    pos_ = pos;
     std::vector<int64_t> rows(c.page_rows);
     std::iota(rows.begin(), rows.end(), 0);
     std::shuffle(rows.begin(), rows.end(), rng_);
@@ -243,17 +243,29 @@ class LatentRowsTest : public ::testing::Test {
     EXPECT_EQ(mismatch, 0) << "query vectors must equal the Rope kernel's bit for bit";
     EXPECT_EQ(stray, 0) << "lanes outside the query vectors changed";
     EXPECT_GT(rotated, 0) << "the query vectors were not roped";
-    // One vector against the CPU reference (the full check is the bit-for-bit one above).
-    float v[64];
-    for (int j = 0; j < p.rope_dim; ++j) v[j] = FromBf16(q16[kNope + j]);
+    // Every vector against the CPU reference too (the Rope kernel shares the warp routine).
     const model::ModelConfig config = testing::RopeTestConfig(c.yarn, c.layout);
-    cpu::Rope(config).Apply(v, got_pos0_);
-    for (int j = 0; j < p.rope_dim; ++j) {
-      const float g = FromBf16(c.q_out ? got_o[kOutPe + j] : got_q[kNope + j]);
-      EXPECT_NEAR(g, RoundBf16(v[j]), std::abs(v[j]) * 0x1p-6f + 1e-4f) << "lane " << j;
+    const cpu::Rope rope(config);
+    int64_t off = 0;
+    for (int t = 0; t < c.tokens; ++t) {
+      for (int h = 0; h < c.q_heads; ++h) {
+        const size_t qi = static_cast<size_t>(t) * p.q_token_stride + h * kQk + kNope;
+        float v[64];
+        for (int j = 0; j < p.rope_dim; ++j) v[j] = FromBf16(q16[qi + j]);
+        rope.Apply(v, pos_[t]);
+        for (int j = 0; j < p.rope_dim; ++j) {
+          const float g = FromBf16(
+              c.q_out
+                  ? got_o[static_cast<size_t>(t) * p.q_out_token_stride + h * kOutHead + kOutPe + j]
+                  : got_q[qi + j]);
+          const float want = RoundBf16(v[j]);
+          if (!(std::abs(g - want) <= std::abs(want) * 0x1p-6f + 1e-4f)) ++off;
+        }
+      }
     }
+    EXPECT_EQ(off, 0) << "query lanes off the CPU reference";
   }
-  int32_t got_pos0_ = 0;
+  std::vector<int32_t> pos_;
 };
 
 TEST_F(LatentRowsTest, MatchesReferencesAndTheUnfusedKernels) {
