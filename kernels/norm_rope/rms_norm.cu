@@ -24,17 +24,38 @@ __device__ __forceinline__ float BlockSum(float v, float* scratch) {
   return total;
 }
 
-// Chunk c (8 lanes) of row `row` of a MoE block's output (rms_norm.h's order of operations).
-__device__ __forceinline__ uint4 MoeSumChunk(const RmsNormMoeSum& m, int64_t row, int c) {
+// A row's MoE choices, staged in shared memory once per block (each chunk reads them all).
+struct MoeChoices {
+  int64_t slot[kRmsNormMaxTopK];
+  float weight[kRmsNormMaxTopK];
+};
+
+// Chunk c (8 lanes) of a MoE block's output row (rms_norm.h's order of operations). The expert
+// rows of up to kBatch choices are loaded before any is summed, so their loads overlap (one after
+// another they made a one-row norm 7.2 us under Nsight Compute, against 3.9 without the sum).
+__device__ __forceinline__ uint4 MoeSumChunk(const RmsNormMoeSum& m, const MoeChoices& ch,
+                                             int64_t row, int c) {
+  constexpr int kBatch = 8;
   float acc[8] = {};
-  for (int k = 0; k < m.top_k; ++k) {
-    const int64_t slot = m.slot[row * m.top_k + k];
-    if (slot < 0) continue;
-    const float w = m.weight[row * m.top_k + k];
-    Vec8 e;
-    e.u = *reinterpret_cast<const uint4*>(m.expert_out + slot * m.ld_expert_out + c * 8);
+  for (int k0 = 0; k0 < m.top_k; k0 += kBatch) {
+    Vec8 e[kBatch];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) acc[i] = __fmaf_rn(w, __bfloat162float(e.h[i]), acc[i]);
+    for (int j = 0; j < kBatch; ++j) {
+      const int k = k0 + j;
+      e[j].u =
+          k < m.top_k && ch.slot[k] >= 0
+              ? *reinterpret_cast<const uint4*>(m.expert_out + ch.slot[k] * m.ld_expert_out + c * 8)
+              : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int k = k0 + j;
+      if (k >= m.top_k || ch.slot[k] < 0) continue;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        acc[i] = __fmaf_rn(ch.weight[k], __bfloat162float(e[j].h[i]), acc[i]);
+      }
+    }
   }
   if (m.shared != nullptr) {
     Vec8 sh;
@@ -55,11 +76,19 @@ __global__ void __launch_bounds__(kThreads) RmsNormKernel(RmsNormParams p) {
   const int chunks = p.dim / 8;
   const bool moe = p.moe.top_k > 0;
   const __nv_bfloat16* x = moe ? nullptr : p.x + row * p.ld_x;
+  __shared__ MoeChoices choices;
+  if (moe) {
+    if (threadIdx.x < p.moe.top_k) {
+      choices.slot[threadIdx.x] = p.moe.slot[row * p.moe.top_k + threadIdx.x];
+      choices.weight[threadIdx.x] = p.moe.weight[row * p.moe.top_k + threadIdx.x];
+    }
+    __syncthreads();
+  }
   float ss = 0.f;
   // Pass 1: h = bf16(x + residual), stored if fused; sum of squares of the rounded h.
   for (int c = threadIdx.x; c < chunks; c += kThreads) {
     Vec8 h;
-    h.u = moe ? MoeSumChunk(p.moe, row, c) : *reinterpret_cast<const uint4*>(x + c * 8);
+    h.u = moe ? MoeSumChunk(p.moe, choices, row, c) : *reinterpret_cast<const uint4*>(x + c * 8);
     if (p.residual != nullptr) {
       Vec8 r;
       r.u = *reinterpret_cast<const uint4*>(p.residual + row * p.ld_residual + c * 8);
