@@ -281,41 +281,5 @@ TEST_F(LatentRowsTest, MatchesReferencesAndTheUnfusedKernels) {
   for (const Case& c : cases) Run(c);
 }
 
-TEST(LatentRowsParamsTest, RejectsBadShapes) {
-  static char fake[64] __attribute__((aligned(16)));
-  LatentRowsParams p;
-  p.num_tokens = 2;
-  p.in = reinterpret_cast<const __nv_bfloat16*>(fake);
-  p.ld_in = 576;
-  p.norm_weight = p.in;
-  p.positions = reinterpret_cast<const int32_t*>(fake);
-  p.inv_freq = reinterpret_cast<const float*>(fake);
-  p.out = reinterpret_cast<__nv_bfloat16*>(fake);
-  p.ld_out = 576;
-  p.out_rows = reinterpret_cast<const int64_t*>(fake);
-  EXPECT_TRUE(ValidateLatentRowsParams(p).ok());
-  p.rank = 513;
-  EXPECT_FALSE(ValidateLatentRowsParams(p).ok());
-  p.rank = 512;
-  p.ld_out = 570;
-  EXPECT_FALSE(ValidateLatentRowsParams(p).ok());
-  p.ld_out = 576;
-  p.out_rows = nullptr;
-  EXPECT_FALSE(ValidateLatentRowsParams(p).ok());
-  p.out_rows = reinterpret_cast<const int64_t*>(fake);
-  p.rope_dim = 65;
-  EXPECT_FALSE(ValidateLatentRowsParams(p).ok());
-  p.rope_dim = 64;
-  p.q_heads = 16;
-  EXPECT_FALSE(ValidateLatentRowsParams(p).ok()) << "q_heads without q";
-  p.q = reinterpret_cast<__nv_bfloat16*>(fake);
-  EXPECT_TRUE(ValidateLatentRowsParams(p).ok());
-  p.q_head_stride = -1;
-  EXPECT_FALSE(ValidateLatentRowsParams(p).ok());
-  p.q_head_stride = 192;
-  p.q_heads = -1;
-  EXPECT_FALSE(ValidateLatentRowsParams(p).ok());
-}
-
 }  // namespace
 }  // namespace strata::kernels

@@ -5,6 +5,7 @@
 #include "kernels/activation/silu_mul.h"
 #include "kernels/kv_pages/kv_pages.h"
 #include "kernels/moe_router/moe_router.h"
+#include "kernels/norm_rope/latent_rows.h"
 #include "kernels/norm_rope/rms_norm.h"
 #include "kernels/norm_rope/rope.h"
 #include "kernels/prefill_attention/prefill_attention.h"
@@ -38,6 +39,76 @@ TEST(SmallKernelsParamsTest, RmsNorm) {
   p.residual_out = Fake<__nv_bfloat16>() + 1;  // misaligned
   p.ld_residual_out = 512;
   EXPECT_FALSE(ValidateRmsNormParams(p).ok());
+}
+
+TEST(SmallKernelsParamsTest, RmsNormMoeSum) {
+  static char fake[64] __attribute__((aligned(16)));
+  auto* bf = reinterpret_cast<__nv_bfloat16*>(fake);
+  RmsNormParams p;
+  p.rows = 1;
+  p.dim = 16;
+  p.weight = bf;
+  p.out = bf;
+  p.ld_out = 16;
+  p.residual = bf;
+  p.ld_residual = 16;
+  p.residual_out = bf;
+  p.ld_residual_out = 16;
+  p.moe.top_k = 2;
+  p.moe.expert_out = bf;
+  p.moe.ld_expert_out = 16;
+  p.moe.slot = reinterpret_cast<const int64_t*>(fake);
+  p.moe.weight = reinterpret_cast<const float*>(fake);
+  EXPECT_TRUE(ValidateRmsNormParams(p).ok()) << "x is not needed with moe";
+  p.moe.ld_expert_out = 12;
+  EXPECT_FALSE(ValidateRmsNormParams(p).ok());
+  p.moe.ld_expert_out = 16;
+  p.moe.slot = nullptr;
+  EXPECT_FALSE(ValidateRmsNormParams(p).ok());
+  p.moe.slot = reinterpret_cast<const int64_t*>(fake);
+  p.moe.top_k = kRmsNormMaxTopK + 1;
+  EXPECT_FALSE(ValidateRmsNormParams(p).ok());
+  p.moe.top_k = 2;
+  p.residual = nullptr;
+  EXPECT_FALSE(ValidateRmsNormParams(p).ok()) << "the sum goes only into the residual";
+  p.moe.top_k = 0;
+  EXPECT_FALSE(ValidateRmsNormParams(p).ok()) << "no moe: x must be set";
+}
+
+TEST(SmallKernelsParamsTest, LatentRows) {
+  static char fake[64] __attribute__((aligned(16)));
+  LatentRowsParams p;
+  p.num_tokens = 2;
+  p.in = reinterpret_cast<const __nv_bfloat16*>(fake);
+  p.ld_in = 576;
+  p.norm_weight = p.in;
+  p.positions = reinterpret_cast<const int32_t*>(fake);
+  p.inv_freq = reinterpret_cast<const float*>(fake);
+  p.out = reinterpret_cast<__nv_bfloat16*>(fake);
+  p.ld_out = 576;
+  p.out_rows = reinterpret_cast<const int64_t*>(fake);
+  EXPECT_TRUE(ValidateLatentRowsParams(p).ok());
+  p.rank = 513;
+  EXPECT_FALSE(ValidateLatentRowsParams(p).ok());
+  p.rank = 512;
+  p.ld_out = 570;
+  EXPECT_FALSE(ValidateLatentRowsParams(p).ok());
+  p.ld_out = 576;
+  p.out_rows = nullptr;
+  EXPECT_FALSE(ValidateLatentRowsParams(p).ok());
+  p.out_rows = reinterpret_cast<const int64_t*>(fake);
+  p.rope_dim = 65;
+  EXPECT_FALSE(ValidateLatentRowsParams(p).ok());
+  p.rope_dim = 64;
+  p.q_heads = 16;
+  EXPECT_FALSE(ValidateLatentRowsParams(p).ok()) << "q_heads without q";
+  p.q = reinterpret_cast<__nv_bfloat16*>(fake);
+  EXPECT_TRUE(ValidateLatentRowsParams(p).ok());
+  p.q_head_stride = -1;
+  EXPECT_FALSE(ValidateLatentRowsParams(p).ok());
+  p.q_head_stride = 192;
+  p.q_heads = -1;
+  EXPECT_FALSE(ValidateLatentRowsParams(p).ok());
 }
 
 TEST(SmallKernelsParamsTest, Rope) {
