@@ -109,7 +109,7 @@ absl::Status ValidateLatentRowsParams(const LatentRowsParams& p) {
     return Invalid("in, norm_weight and out must be 16-byte aligned");
   }
   if (!(p.attention_factor > 0.f)) return Invalid("attention_factor must be positive");
-  if (p.q_heads < 0 || p.q_heads > 65535 * kQueryHeadsPerBlock) {
+  if (p.q_heads < 0 || p.q_heads > 65534 * kQueryHeadsPerBlock) {  // grid y: 1 + query blocks
     return Invalid("q_heads out of range");
   }
   if (p.q_heads > 0) {

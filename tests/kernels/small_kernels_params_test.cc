@@ -109,6 +109,10 @@ TEST(SmallKernelsParamsTest, LatentRows) {
   p.q_head_stride = 192;
   p.q_heads = -1;
   EXPECT_FALSE(ValidateLatentRowsParams(p).ok());
+  p.q_heads = 65534 * 3;  // grid y = 1 + 65534 blocks of 3 heads: the most a launch takes
+  EXPECT_TRUE(ValidateLatentRowsParams(p).ok());
+  p.q_heads += 1;
+  EXPECT_FALSE(ValidateLatentRowsParams(p).ok()) << "grid y would exceed 65535";
 }
 
 TEST(SmallKernelsParamsTest, Rope) {

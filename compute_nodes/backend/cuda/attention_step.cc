@@ -137,13 +137,13 @@ absl::Status CudaEngine::Impl::AbsorbedAttention(const DeviceLayer& L, const Ste
   const int64_t m = P.m, heads = c.num_attention_heads, nope = c.qk_nope_head_dim;
   const int64_t vd = c.v_head_dim, qk = c.qk_head_dim();
   const KvbSlices kvb = SlicesOf(L.kv_b_proj, c);
-  const int64_t hq_pad = (heads + 15) / 16 * 16;
+  const int64_t hq_pad = QueryHeadsPadded();
   // The decode rows' queries: in place for decode-only steps, else gathered (compact rows).
   const bf16* qdp = QueryRows();
   int64_t ld_qd = QueryLd();
   if (!P.all_decode) {
-    RETURN_IF_ERROR(GatherRows(QueryRows(), QueryLd(), meta.At<int64_t>(P.o_dec), m, heads * qk,
-                               qd.as<bf16>(), heads * qk, s));
+    RETURN_IF_ERROR(GatherRows(qdp, ld_qd, meta.At<int64_t>(P.o_dec), m, heads * qk, qd.as<bf16>(),
+                               heads * qk, s));
     qdp = qd.as<bf16>();
     ld_qd = heads * qk;
   }

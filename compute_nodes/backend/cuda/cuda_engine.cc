@@ -335,7 +335,7 @@ absl::Status CudaEngine::Impl::Plan(std::span<const SequenceInput> batch, StepPl
   P.all_decode = P.m == P.n;
   // Splits from the table's capacity, not the current lengths: a graph's split count holds while
   // its sequences grow (the kernel splits each sequence by its real length).
-  const int64_t hq_pad = (c.num_attention_heads + 15) / 16 * 16;
+  const int64_t hq_pad = QueryHeadsPadded();
   if (P.m > 0) {
     P.num_splits = kernels::MlaDecodeNumSplits(static_cast<int>(P.m), static_cast<int>(hq_pad),
                                                static_cast<int>(P.table_pages * b), num_sms);
@@ -429,7 +429,7 @@ absl::Status CudaEngine::Impl::Reserve(const StepPlan& P) {
   const ModelConfig& c = W.config();
   const int64_t n = P.n, m = P.m, h = c.hidden_size, heads = c.num_attention_heads;
   const int64_t qk = c.qk_head_dim(), vd = c.v_head_dim;
-  const int64_t hq_pad = (heads + 15) / 16 * 16;
+  const int64_t hq_pad = QueryHeadsPadded();
   RETURN_IF_ERROR(x.Ensure(n * h * 2));
   RETURN_IF_ERROR(xn.Ensure(n * h * 2));
   RETURN_IF_ERROR(delta.Ensure(n * h * 2));
@@ -511,9 +511,8 @@ absl::Status CudaEngine::Impl::RopeRows(const bf16* kv_a, int64_t ld_kv_a, const
   p.q_token_stride = QueryLd();
   p.q_head_stride = qk;
   if (RopesIntoQueryRows(P)) {
-    const int64_t hq_pad = (heads + 15) / 16 * 16;
     p.q_out = qfull.as<bf16>() + kLatent;
-    p.q_out_token_stride = hq_pad * kRow;
+    p.q_out_token_stride = QueryHeadsPadded() * kRow;
     p.q_out_head_stride = kRow;
   }
   return kernels::LaunchLatentRows(p, s);
@@ -525,7 +524,7 @@ absl::Status CudaEngine::Impl::Enqueue(const StepPlan& P) {
   const ModelConfig& c = W.config();
   const int64_t n = P.n, h = c.hidden_size, heads = c.num_attention_heads;
   const int64_t qk = c.qk_head_dim();
-  const int64_t hq_pad = (heads + 15) / 16 * 16;
+  const int64_t hq_pad = QueryHeadsPadded();
   // Programmatic launches pay for few-row steps only (kernels/common/pdl.cuh).
   kernels::ProgrammaticLaunchEnabled() = n <= kSkinnyMaxRows;
   if (P.m > 0 && hq_pad != heads) {

@@ -97,6 +97,9 @@ struct CudaEngine::Impl {
     const model::ModelConfig& c = W.config();
     return c.q_lora_rank > 0 ? c.num_attention_heads * c.qk_head_dim() : QkvaLd();
   }
+  // MLA query heads padded to the decode kernels' 16-head blocks (the padded heads' query rows
+  // stay zero).
+  int64_t QueryHeadsPadded() const { return (W.config().num_attention_heads + 15) / 16 * 16; }
   // The fused projection's row: [q (or the low-rank q_a) | c_kv | k_pe].
   int64_t QkvaLd() const { return W.layers().front().q_kv_a.out; }
   absl::Status MhaAttention(const DeviceLayer& L, const StepPlan& P, int64_t layer);
