@@ -1,9 +1,10 @@
 // Grouped expert GEMMs for decode-sized token counts (see moe_experts.h).
 //
-// Layout of one CTA's work: 32 weight rows of one expert (gate_up: 16 gate rows and the 16 up rows
-// of the same features; down: 32 output rows), the whole reduction dimension split over 8 warps in
-// steps of 64 elements. Per step each lane loads two 16-byte vectors of 4 weight rows (rows g and
-// g + 8 of both 16-row tiles, g = lane / 4) and the same k range of its token row g.
+// Layout of one CTA's work: one or two 16-row tiles of one expert's weights (gate_up: the gate and
+// up rows of 8 or 16 features; down: 16 or 32 output rows, see kMT), the whole reduction
+// dimension split over 8 warps in steps of 64 elements. Per step each lane loads two 16-byte
+// vectors of 2 weight rows per tile (rows g and g + 8, g = lane / 4) and the same k range of its
+// token row g.
 //
 // The k order inside a 32-element block is free in a dot product, so the 16-byte vectors feed
 // mma.m16n8k16 without any shuffle: lane (g, c = lane % 4) holds physical k = 8c..8c+7 of its rows;
@@ -30,11 +31,15 @@ constexpr int kStepK = 64;  // 4 lanes x 2 vectors x 8 elements
 // before the programmatic-launch wait, while the kernel before this one still runs; the token
 // rows only after it. This kernel is launched once every block of the one before has passed its
 // own wait, so the alignment arrays (written two kernels back) are complete by then.
-template <int kNT, bool kGateUp, int kDepth, bool kEarly = false>
-__global__ void __launch_bounds__(kThreads, kDepth >= 4 ? 1 : 2)
-    MoeExpertsKernel(MoeExpertsParams p) {
+// kMT: 16-row weight tiles per CTA. At 2, a gate|up CTA takes 16 features (its gate rows in
+// tile 0, up rows in tile 1), a down CTA 32 rows; at 1, a gate|up CTA takes 8 features (gate
+// rows g, up rows g + 8 of the one tile), a down CTA 16 rows.
+template <int kNT, bool kGateUp, int kDepth, bool kEarly = false, int kMT = 2>
+__global__ void __launch_bounds__(kThreads, 2) MoeExpertsKernel(MoeExpertsParams p) {
   static_assert(!kEarly || !kGateUp, "the gate|up kernel's experts come from the kernel before");
-  __shared__ float red[kWarps][2][kNT][4][32];
+  static_assert(kMT == 1 || kMT == 2);
+  static_assert(kDepth * kMT <= 4, "two CTAs per SM: at most 4 tile-steps of weights in registers");
+  __shared__ float red[kWarps][kMT][kNT][4][32];
   if constexpr (!kEarly) PdlGridSync();
   int e = 0, count = p.num_tokens, first = 0;
   if (!p.identity) {
@@ -45,7 +50,7 @@ __global__ void __launch_bounds__(kThreads, kDepth >= 4 ? 1 : 2)
   }
   const int k_dim = kGateUp ? p.hidden : p.inter;
   const int rows = kGateUp ? p.inter : p.hidden;
-  const int row0 = blockIdx.x * (kGateUp ? 16 : 32);
+  const int row0 = blockIdx.x * (kGateUp ? 8 * kMT : 16 * kMT);
   const __nv_bfloat16* w =
       kGateUp || p.down == nullptr
           ? p.weights + static_cast<int64_t>(e) * p.expert_stride +
@@ -58,28 +63,30 @@ __global__ void __launch_bounds__(kThreads, kDepth >= 4 ? 1 : 2)
   const int64_t out_base = blockIdx.z * p.batch_stride_out;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, c = lane % 4;
 
-  const uint4* wrow[2][2];
-  bool wok[2][2];
+  const uint4* wrow[kMT][2];
+  bool wok[kMT][2];
 #pragma unroll
-  for (int mt = 0; mt < 2; ++mt) {
+  for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int r = row0 + (kGateUp ? 0 : 16 * mt) + g + 8 * h;
+      // gate|up: kMT 2 puts the gate rows in tile 0 and the up rows in tile 1; kMT 1 the gate
+      // rows in the tile's first 8 rows and the up rows in its last 8.
+      const int r = row0 + (kGateUp ? (kMT == 2 ? 8 * h : 0) : 16 * mt + 8 * h) + g;
       wok[mt][h] = r < rows;
-      const int64_t phys = kGateUp ? static_cast<int64_t>(mt) * p.inter + r : r;
+      const int64_t phys = kGateUp ? static_cast<int64_t>(kMT == 2 ? mt : h) * p.inter + r : r;
       wrow[mt][h] = reinterpret_cast<const uint4*>(w + (wok[mt][h] ? phys : 0) * k_dim);
     }
   }
   const int num_steps = (k_dim + kStepK - 1) / kStepK;
   const uint4 zero = make_uint4(0, 0, 0, 0);
   // Two 16-byte vectors of each of the lane's 4 weight rows at step s (zeros past k).
-  auto load_w = [&](int s, uint4(&wv)[2][2][2]) {
+  auto load_w = [&](int s, uint4(&wv)[kMT][2][2]) {
 #pragma unroll
     for (int v = 0; v < 2; ++v) {
       const int idx = s * (kStepK / 8) + 4 * v + c;
       const bool in_k = idx * 8 < k_dim;
 #pragma unroll
-      for (int mt = 0; mt < 2; ++mt) {
+      for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           wv[mt][h][v] = wok[mt][h] && in_k ? LoadStream(wrow[mt][h] + idx) : zero;
@@ -87,7 +94,7 @@ __global__ void __launch_bounds__(kThreads, kDepth >= 4 ? 1 : 2)
       }
     }
   };
-  uint4 wv[kDepth][2][2][2];  // the weights of the kDepth steps in flight
+  uint4 wv[kDepth][kMT][2][2];  // the weights of the kDepth steps in flight
   if constexpr (kEarly) {
     if (count > 0) {
 #pragma unroll
@@ -113,9 +120,9 @@ __global__ void __launch_bounds__(kThreads, kDepth >= 4 ? 1 : 2)
         xrow[nt] = reinterpret_cast<const uint4*>(down_in + slot * ld_in);
       }
     }
-    float acc[2][kNT][4];
+    float acc[kMT][kNT][4];
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt) {
+    for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
       for (int nt = 0; nt < kNT; ++nt) {
 #pragma unroll
@@ -124,7 +131,7 @@ __global__ void __launch_bounds__(kThreads, kDepth >= 4 ? 1 : 2)
     }
     // One step: the weights (load_w) and two 16-byte vectors of the lane's token rows (zeros
     // past k: a step past the end loads nothing and adds nothing).
-    auto load = [&](int s, uint4(&wv)[2][2][2], uint4(&xv)[kNT][2], bool w_loaded) {
+    auto load = [&](int s, uint4(&wv)[kMT][2][2], uint4(&xv)[kNT][2], bool w_loaded) {
       if (!w_loaded) load_w(s, wv);
 #pragma unroll
       for (int v = 0; v < 2; ++v) {
@@ -136,14 +143,14 @@ __global__ void __launch_bounds__(kThreads, kDepth >= 4 ? 1 : 2)
         }
       }
     };
-    auto mma = [&](const uint4(&wv)[2][2][2], const uint4(&xv)[kNT][2]) {
+    auto mma = [&](const uint4(&wv)[kMT][2][2], const uint4(&xv)[kNT][2]) {
 #pragma unroll
       for (int v = 0; v < 2; ++v) {
 #pragma unroll
         for (int nt = 0; nt < kNT; ++nt) {
           if (nt >= tiles) continue;
 #pragma unroll
-          for (int mt = 0; mt < 2; ++mt) {
+          for (int mt = 0; mt < kMT; ++mt) {
             const uint32_t a0[4] = {wv[mt][0][v].x, wv[mt][1][v].x, wv[mt][0][v].y, wv[mt][1][v].y};
             Mma(acc[mt][nt], a0, xv[nt][v].x, xv[nt][v].y);
             const uint32_t a1[4] = {wv[mt][0][v].z, wv[mt][1][v].z, wv[mt][0][v].w, wv[mt][1][v].w};
@@ -161,7 +168,7 @@ __global__ void __launch_bounds__(kThreads, kDepth >= 4 ? 1 : 2)
       for (int d = 0; d < kDepth; ++d) mma(wv[d], xv[d]);
     }
 #pragma unroll
-    for (int mt = 0; mt < 2; ++mt) {
+    for (int mt = 0; mt < kMT; ++mt) {
 #pragma unroll
       for (int nt = 0; nt < kNT; ++nt) {
 #pragma unroll
@@ -175,11 +182,14 @@ __global__ void __launch_bounds__(kThreads, kDepth >= 4 ? 1 : 2)
       const int row = l / 4 + 8 * (i / 2);
       const int t = nt * 8 + 2 * (l % 4) + i % 2;
       if (t >= left) continue;
+      // v0: tile 0's element; v1: tile 1's, or at kMT 1 for gate|up the up row's (element i + 2).
+      if (kMT == 1 && kGateUp && i >= 2) continue;
+      const int i1 = kMT == 1 && kGateUp ? i + 2 : i;
       float v0 = 0.f, v1 = 0.f;
 #pragma unroll
       for (int ww = 0; ww < kWarps; ++ww) {
         v0 += red[ww][0][nt][i][l];
-        v1 += red[ww][1][nt][i][l];
+        if (kMT == 2 || kGateUp) v1 += red[ww][kMT - 1][nt][i1][l];
       }
       const int64_t slot = first + chunk + t;
       if (kGateUp) {
@@ -194,10 +204,10 @@ __global__ void __launch_bounds__(kThreads, kDepth >= 4 ? 1 : 2)
         const int64_t o = out_base + slot * ld_out + r;
         if (p.out_f32 != nullptr) {
           if (r < rows) p.out_f32[o] = v0;
-          if (r + 16 < rows) p.out_f32[o + 16] = v1;
+          if (kMT == 2 && r + 16 < rows) p.out_f32[o + 16] = v1;
         } else {
           if (r < rows) p.out[o] = __float2bfloat16_rn(v0);
-          if (r + 16 < rows) p.out[o + 16] = __float2bfloat16_rn(v1);
+          if (kMT == 2 && r + 16 < rows) p.out[o + 16] = __float2bfloat16_rn(v1);
         }
       }
     }
@@ -212,47 +222,55 @@ absl::Status Invalid(const std::string& what) {
 // The down kernel loads its first weights before the launch wait when they are static (H200,
 // v2-lite-shape decode, greedy GPU ms, three alternating rounds: batch 1 2.411-2.416 vs
 // 2.451-2.456, batch 4 4.290-4.293 vs 4.323-4.340, batch 16 7.705-7.713 vs 7.748-7.764).
-template <int kNT, bool kGateUp, int kDepth>
+template <int kNT, bool kGateUp, int kDepth, int kMT>
 auto* KernelFor(bool weights_static) {
   if constexpr (!kGateUp) {
-    if (weights_static) return MoeExpertsKernel<kNT, kGateUp, kDepth, true>;
+    if (weights_static) return MoeExpertsKernel<kNT, kGateUp, kDepth, true, kMT>;
   }
-  return MoeExpertsKernel<kNT, kGateUp, kDepth, false>;
+  return MoeExpertsKernel<kNT, kGateUp, kDepth, false, kMT>;
 }
 
-// The kernels built: depth 1 for every shape; at one token tile, gate|up at depth 4 and down at
-// depth 2 (the variants measured best, see Launch).
+// One token tile in a kernel that reads its weights in the deep form: 4 steps in flight per warp
+// on one 16-row tile (gate|up: 8 features), two CTAs per SM. Otherwise depth 1 on two tiles.
 template <int kNT, bool kGateUp>
-void LaunchDepth(bool deep, dim3 grid, const MoeExpertsParams& p, cudaStream_t stream) {
-  auto* k = KernelFor<kNT, kGateUp, 1>(p.weights_static);
+void LaunchKernel(bool deep, dim3 grid, const MoeExpertsParams& p, cudaStream_t stream) {
+  auto* k = KernelFor<kNT, kGateUp, 1, 2>(p.weights_static);
   if constexpr (kNT == 1) {
-    if (deep) k = KernelFor < kNT, kGateUp, kGateUp ? 4 : 2 > (p.weights_static);
+    if (deep) k = KernelFor<kNT, kGateUp, 4, 1>(p.weights_static);
   }
   (void)LaunchPdl(k, grid, dim3(kThreads), 0, stream, p);
 }
 
+// Rows of a CTA: gate|up 8 features per tile (gate and up rows), down 16 rows per tile.
+int CtaRows(bool gate_up, bool deep) { return (gate_up ? 8 : 16) * (deep ? 1 : 2); }
+
 template <int kNT>
 absl::Status Launch(const MoeExpertsParams& p, cudaStream_t stream, bool gate_up = true) {
+  // Bytes in flight set the speed of these GEMVs at one token tile (batch 1, a few tokens per
+  // expert): the deep form issues a warp's four steps (all of a 2048-wide reduction over the 8
+  // warps) before their MMAs, and with one 16-row tile per CTA (half the registers of two) two
+  // CTAs share an SM, one loading while the other reduces and writes. H200, v2-lite-shape decode
+  // (session 21, Nsight Compute per kernel at batch 1, against two tiles at depth 4 for gate|up
+  // and depth 2 for long downs): routed gate|up 29.7 -> 22.5 us (69 MB), q|kv_a 8.5 -> 7.6,
+  // o_proj 7.3 -> 5.9, shared gate|up 13.0 -> 10.1, shared down 9.2 -> 7.6, router logits 6.2 ->
+  // 4.1, dense gate|up 34 -> 26, dense down 24.3 -> 17. Reductions shorter than 4 x 8 steps (the
+  // routed down at 1408, q.W_UK) stay at depth 1 on two tiles: the deep form measured 13.1 ->
+  // 17 us and 4.2 -> 5.8 us there; depth 2 on one tile (three CTAs per SM) lost everywhere. The
+  // accumulation order is s, s + kWarps, s + 2 kWarps, ... in every form, so results are equal.
   cudaError_t err = cudaSuccess;
   if (gate_up) {
-    const dim3 grid_gu((p.inter + 15) / 16, p.max_active);
-    // One token tile (batch 1, a few tokens per expert): every warp issues the loads of four
-    // steps (all of a 2048-wide reduction) before their MMAs, one block per SM for the registers.
-    // H200, v2-lite-shape decode at batch 1: step 2.66 -> 2.55-2.57 ms GPU (depth 2: 2.58-2.59).
-    LaunchDepth<kNT, true>(/*deep=*/true, grid_gu, p, stream);
+    const bool deep = kNT == 1;
+    const int rows = CtaRows(true, deep);
+    const dim3 grid_gu((p.inter + rows - 1) / rows, p.max_active);
+    LaunchKernel<kNT, true>(deep, grid_gu, p, stream);
     err = cudaGetLastError();
   }
   if (err == cudaSuccess) {
-    const dim3 grid_down((p.hidden + 31) / 32, p.max_active, p.batch);
-    // A long reduction of one token tile (the down GEMV of a wide MLP, o_proj, q_proj at batch
-    // 1) keeps two steps' loads in flight per warp: those GEMVs are latency bound, bytes in
-    // flight set their speed (H200, v2-lite-shape at batch 1: the 10944-wide down 24.3 -> 18.8
-    // us). Depth 2 for shorter reductions, depth 4 for all, depth 4 for the grids that fit in one
-    // wave, and two tiles measured no better or worse (depth 4 for every down kernel: step 2.66
-    // -> 2.78 ms; for the one-wave grids 2.55 -> 2.59 ms). The accumulation order is s,
-    // s + kWarps, s + 2 kWarps, ... at any depth, so the results do not change.
     const int steps = (p.inter + kStepK - 1) / kStepK;
-    LaunchDepth<kNT, false>(/*deep=*/steps >= 4 * kWarps, grid_down, p, stream);
+    const bool deep = kNT == 1 && steps >= 4 * kWarps;
+    const int rows = CtaRows(false, deep);
+    const dim3 grid_down((p.hidden + rows - 1) / rows, p.max_active, p.batch);
+    LaunchKernel<kNT, false>(deep, grid_down, p, stream);
     err = cudaGetLastError();
   }
   if (err != cudaSuccess) {

@@ -16,11 +16,11 @@
 //      act[s][i] = bf16( SiLU(bf16(gate_e · x[t])[i]) * bf16(up_e · x[t])[i] )     i < inter
 //      out[s][j] = bf16( down_e[j] · act[s] )                                        j < hidden
 //    (fp32 accumulation; the same roundings as a bf16 gate|up GEMM, SiluMul and a bf16 down GEMM).
-//    Weight-bandwidth bound: each CTA streams 32 weight rows of one expert once with 16-byte loads
-//    (split over its 8 warps along the reduction), the expert's few token rows go through mma.sync
-//    (bf16, m16n8k16) with the weights as the 16-row operand; up to 8 * tile tokens per pass, more
-//    tokens re-read the rows (L2) per further pass. Grid sizes come from the host's bounds
-//    (max_active); CTAs of experts past *num_active exit at once.
+//    Weight-bandwidth bound: each CTA streams 16 or 32 weight rows of one expert once with 16-byte
+//    loads (split over its 8 warps along the reduction), the expert's few token rows go through
+//    mma.sync (bf16, m16n8k16) with the weights as the 16-row operand; up to 8 * tile tokens per
+//    pass, more tokens re-read the rows (L2) per further pass. Grid sizes come from the host's
+//    bounds (max_active); CTAs of experts past *num_active exit at once.
 //
 // Thread safety: stateless launchers; all work on `stream`.
 #pragma once
