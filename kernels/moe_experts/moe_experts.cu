@@ -230,36 +230,41 @@ auto* KernelFor(bool weights_static) {
   return MoeExpertsKernel<kNT, kGateUp, kDepth, false, kMT>;
 }
 
-// One token tile in a kernel that reads its weights in the deep form: 4 steps in flight per warp
-// on one 16-row tile (gate|up: 8 features), two CTAs per SM. Otherwise depth 1 on two tiles.
+// The deep form: one 16-row tile per CTA (gate|up: 8 features), two CTAs per SM, with 4 steps in
+// flight per warp at one token tile, 2 at two. Otherwise depth 1 on two tiles.
 template <int kNT, bool kGateUp>
 void LaunchKernel(bool deep, dim3 grid, const MoeExpertsParams& p, cudaStream_t stream) {
   auto* k = KernelFor<kNT, kGateUp, 1, 2>(p.weights_static);
-  if constexpr (kNT == 1) {
-    if (deep) k = KernelFor<kNT, kGateUp, 4, 1>(p.weights_static);
-  }
+  if (deep) k = KernelFor < kNT, kGateUp, kNT == 1 ? 4 : 2, 1 > (p.weights_static);
   (void)LaunchPdl(k, grid, dim3(kThreads), 0, stream, p);
 }
 
 // Rows of a CTA: gate|up 8 features per tile (gate and up rows), down 16 rows per tile.
 int CtaRows(bool gate_up, bool deep) { return (gate_up ? 8 : 16) * (deep ? 1 : 2); }
 
+// Two token tiles take the deep form up to this many tokens (the most it was measured at).
+constexpr int kDeepTwoTileMaxTokens = 16;
+
 template <int kNT>
 absl::Status Launch(const MoeExpertsParams& p, cudaStream_t stream, bool gate_up = true) {
-  // Bytes in flight set the speed of these GEMVs at one token tile (batch 1, a few tokens per
-  // expert): the deep form issues a warp's four steps (all of a 2048-wide reduction over the 8
-  // warps) before their MMAs, and with one 16-row tile per CTA (half the registers of two) two
-  // CTAs share an SM, one loading while the other reduces and writes. H200, v2-lite-shape decode
-  // (session 21, Nsight Compute per kernel at batch 1, against two tiles at depth 4 for gate|up
-  // and depth 2 for long downs): routed gate|up 29.7 -> 22.5 us (69 MB), q|kv_a 8.5 -> 7.6,
-  // o_proj 7.3 -> 5.9, shared gate|up 13.0 -> 10.1, shared down 9.2 -> 7.6, router logits 6.2 ->
-  // 4.1, dense gate|up 34 -> 26, dense down 24.3 -> 17. Reductions shorter than 4 x 8 steps (the
-  // routed down at 1408, q.W_UK) stay at depth 1 on two tiles: the deep form measured 13.1 ->
-  // 17 us and 4.2 -> 5.8 us there; depth 2 on one tile (three CTAs per SM) lost everywhere. The
-  // accumulation order is s, s + kWarps, s + 2 kWarps, ... in every form, so results are equal.
+  // Bytes in flight set the speed of these GEMVs at decode sizes: the deep form issues a warp's
+  // 4 steps (one token tile; over 8 warps all of a 2048-wide reduction) or 2 (two token tiles,
+  // whose token rows take the other registers) before their MMAs, and with one 16-row weight tile
+  // per CTA two CTAs share an SM, one loading while the other reduces and writes. H200,
+  // v2-lite-shape decode (session 21). One token tile, Nsight Compute per kernel at batch 1
+  // against two row tiles at depth 4 (gate|up) or 2 (long downs): routed gate|up 29.7 -> 22.5 us
+  // (69 MB), q|kv_a 8.5 -> 7.6, o_proj 7.3 -> 5.9, shared gate|up 13.0 -> 10.1, shared down 9.2
+  // -> 7.6, router logits 6.2 -> 4.1, dense gate|up 34 -> 26, dense down 24.3 -> 17. Two token
+  // tiles, batch 16 greedy step: 7.49 vs 7.66 ms GPU. Downs of fewer than 4 x 8 steps (the routed
+  // down at 1408, q.W_UK) stay at depth 1 on two row tiles: in the deep form the routed down took
+  // 13.1 -> 17 us and q.W_UK 4.2 -> 5.8 us (batch 1 step 2.223 vs 2.158 ms; depth 2 on two row
+  // tiles 2.210 ms), at batch 16 the step 7.49 -> 7.94 ms. Depth 2 on one row tile at one token
+  // tile (three CTAs per SM) lost everywhere. The accumulation order is s, s + kWarps,
+  // s + 2 kWarps, ... in every form, so the results are equal.
+  const bool deep_tiles = kNT == 1 || p.num_tokens <= kDeepTwoTileMaxTokens;
   cudaError_t err = cudaSuccess;
   if (gate_up) {
-    const bool deep = kNT == 1;
+    const bool deep = deep_tiles;
     const int rows = CtaRows(true, deep);
     const dim3 grid_gu((p.inter + rows - 1) / rows, p.max_active);
     LaunchKernel<kNT, true>(deep, grid_gu, p, stream);
@@ -267,7 +272,7 @@ absl::Status Launch(const MoeExpertsParams& p, cudaStream_t stream, bool gate_up
   }
   if (err == cudaSuccess) {
     const int steps = (p.inter + kStepK - 1) / kStepK;
-    const bool deep = kNT == 1 && steps >= 4 * kWarps;
+    const bool deep = deep_tiles && steps >= 4 * kWarps;
     const int rows = CtaRows(false, deep);
     const dim3 grid_down((p.hidden + rows - 1) / rows, p.max_active, p.batch);
     LaunchKernel<kNT, false>(deep, grid_down, p, stream);
