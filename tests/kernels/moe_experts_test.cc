@@ -1,9 +1,9 @@
 // kernels/moe_experts (routing alignment + grouped expert GEMMs) against the CPU reference on fresh
 // random inputs: decode shapes of v2-lite (64 experts, top-6, 2048 x 1408), ragged and empty
 // experts, one expert holding more tokens than a pass (several passes), sizes that are not
-// multiples of the tiles, invalid expert ids, poisoned outputs, 1-4 tokens and v3 sizes; the
-// identity (dense MLP) mode and the skinny GEMM built on the same kernels, two of them chained
-// without a host sync (label gpu: SKIPPED without a GPU).
+// multiples of the tiles, invalid expert ids, poisoned outputs and unpicked experts, 1-4 tokens
+// and v3 sizes; the identity (dense MLP) mode and the skinny GEMM built on the same kernels, two
+// of them chained without a host sync (label gpu: SKIPPED without a GPU).
 #include "kernels/moe_experts/moe_experts.h"
 
 #include <gtest/gtest.h>
@@ -90,12 +90,28 @@ void RunCase(const Case& c, MoeExpertsTest& t, std::vector<float>& x_host,
   const int64_t stride = 3 * static_cast<int64_t>(c.inter) * c.hidden + 8;  // padded on purpose
   const int slots = c.tokens * c.top_k;
   const int64_t ld_x = c.hidden + 16;
-  std::vector<float> w =
-      t.Random(stride * c.experts, 1.f / std::sqrt(static_cast<float>(c.hidden)));
-  x_host = t.Random(static_cast<size_t>(c.tokens) * ld_x, 1.f);
   ids = t.Route(c);
-
-  DeviceBuffer d_w(ToBf16s(w)), d_x(ToBf16s(x_host));
+  x_host = t.Random(static_cast<size_t>(c.tokens) * ld_x, 1.f);
+  // Only the experts some token picked get weights (w holds them in that order, `packed` maps an
+  // expert to its place); every other expert, and the padding, stays poisoned (bf16 NaN), so a
+  // read of the wrong expert's rows shows as non-finite output.
+  std::vector<int> packed(c.experts, -1);
+  int used_experts = 0;
+  for (int32_t e : ids) {
+    if (e >= 0 && e < c.experts && packed[e] < 0) packed[e] = used_experts++;
+  }
+  std::vector<float> w =
+      t.Random(stride * used_experts, 1.f / std::sqrt(static_cast<float>(c.hidden)));
+  DeviceBuffer d_w(static_cast<size_t>(stride) * c.experts * 2), d_x(ToBf16s(x_host));
+  {
+    const std::vector<uint16_t> w_bf16 = ToBf16s(w);
+    for (int e = 0; e < c.experts; ++e) {
+      if (packed[e] < 0) continue;
+      ASSERT_CUDA_OK(cudaMemcpy(d_w.get<uint16_t>() + e * stride,
+                                w_bf16.data() + packed[e] * stride, (stride - 8) * 2,
+                                cudaMemcpyHostToDevice));
+    }
+  }
   DeviceBuffer d_act(static_cast<size_t>(std::max(slots, 1)) * c.inter * 2),
       d_out(static_cast<size_t>(std::max(slots, 1)) * c.hidden * 2);
   testing::MoeAlignBuffers align(ids, c.tokens, c.top_k, c.experts);
@@ -175,8 +191,8 @@ void RunCase(const Case& c, MoeExpertsTest& t, std::vector<float>& x_host,
     const int e = ids[i];
     if (e < 0 || e >= c.experts) continue;
     const int64_t s = token_slot[i];
-    MoeExpertReference(w, stride, e, c.hidden, c.inter, x_host.data() + (i / c.top_k) * ld_x,
-                       ref_act, ref_out);
+    MoeExpertReference(w, stride, packed[e], c.hidden, c.inter,
+                       x_host.data() + (i / c.top_k) * ld_x, ref_act, ref_out);
     for (int j = 0; j < c.inter; ++j) err_act.Add(FromBf16(act[s * c.inter + j]), ref_act[j]);
     for (int j = 0; j < c.hidden; ++j) err_out.Add(FromBf16(out[s * c.hidden + j]), ref_out[j]);
   }
