@@ -79,7 +79,7 @@ __global__ void __launch_bounds__(kThreads, 2) MoeExpertsKernel(MoeExpertsParams
   }
   const int num_steps = (k_dim + kStepK - 1) / kStepK;
   const uint4 zero = make_uint4(0, 0, 0, 0);
-  // Two 16-byte vectors of each of the lane's 4 weight rows at step s (zeros past k).
+  // Two 16-byte vectors of each of the lane's 2 x kMT weight rows at step s (zeros past k).
   auto load_w = [&](int s, uint4(&wv)[kMT][2][2]) {
 #pragma unroll
     for (int v = 0; v < 2; ++v) {
