@@ -235,7 +235,8 @@ auto* KernelFor(bool weights_static) {
 template <int kNT, bool kGateUp>
 void LaunchKernel(bool deep, dim3 grid, const MoeExpertsParams& p, cudaStream_t stream) {
   auto* k = KernelFor<kNT, kGateUp, 1, 2>(p.weights_static);
-  if (deep) k = KernelFor < kNT, kGateUp, kNT == 1 ? 4 : 2, 1 > (p.weights_static);
+  constexpr int kDeepDepth = kNT == 1 ? 4 : 2;
+  if (deep) k = KernelFor<kNT, kGateUp, kDeepDepth, 1>(p.weights_static);
   (void)LaunchPdl(k, grid, dim3(kThreads), 0, stream, p);
 }
 
