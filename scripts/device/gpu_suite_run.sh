@@ -156,7 +156,7 @@ echo "bench kernels rc=$? at $(( $(date +%s) - start )) s"
 grep -E "^ *(16|64|128) +[0-9]+ +[0-9]+ " $OUT/bench_kernels.log | head -12 | cut -c1-62
 grep -E "^v[23]" $OUT/bench_kernels.log | cut -c1-80; grep "flashmla_min" $OUT/bench_kernels.log
 # The MLA call of a few-row decode step (batch 1, the v2-lite and v3 head counts): every split
-# count and kernel by name, no FlashMLA figure (docs/benchmarks.md, where a batch-1 step goes).
+# count and kernel by name, no FlashMLA figure (docs/decode-notes.md, the ablation).
 timeout $(( $(left) < 60 ? $(left) : 60 )) ./strata bench kernels --only mla_decode --mla-batch 1 \
   --mla-seqs 1024,4096 --mla-heads 16,128 --iters 20 > $OUT/bench_kernels_b1.log 2>&1
 echo "bench kernels --mla-batch 1 rc=$? at $(( $(date +%s) - start )) s"
