@@ -4,7 +4,7 @@
 # worker with resident blocks off, from a cache server on the same host (shm; read in place once
 # the worker has registered the arena). Staged by ttft_stage.sh; results on stdout, logs in $OUT.
 cd "$(dirname "$0")"
-[ -f lib.tgz ] && { source ./libpath.sh; stage_libpath strata --help || exit 3; }
+[ -f lib.txz ] || [ -f lib.tgz ] && { source ./libpath.sh; stage_libpath strata --help || exit 3; }
 S=${STRATA:-./strata}; BACKEND=${BACKEND:-cuda}; PRESET=${PRESET:-v2-lite-shape}
 LAYERS=${LAYERS:-4}
 N=${N:-4096}; O=${OUT:-/tmp/ttft-out}; mkdir -p $O
