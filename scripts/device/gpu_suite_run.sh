@@ -3,6 +3,14 @@
 cd "$(dirname "$0")"
 start=$(date +%s)
 left() { echo $(( ${DEADLINE:-560} - ($(date +%s) - start) )); }
+# Only 8 files come back from $OUT (the device tool's limit) and this run writes ~35: they go back
+# as one archive, $OUT/suite.tgz, also when a TERM stops the run early.
+pack() {
+  trap - EXIT TERM
+  (cd "$OUT" && tar czf /tmp/suite.tgz . && find . -mindepth 1 -delete && mv /tmp/suite.tgz .)
+}
+trap pack EXIT
+trap 'pack; exit 143' TERM
 source ./libpath.sh
 stage_libpath strata --help || exit 3
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader; date -u

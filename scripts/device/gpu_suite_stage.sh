@@ -5,6 +5,7 @@
 # (gpu_suite_run.sh; ~6 minutes with the default DEADLINE of 560 s), built here for sm_90a, into
 # <checkout>/.devwork/<name>/; then call
 #   run(command="bash .devwork/<name>/run.sh", carry=[".devwork/<name>"])
+# The logs and JSON reports come back as one archive, suite.tgz (tar xzf it under files_at).
 # Usage: scripts/device/gpu_suite_stage.sh BUILD_DIR CHECKOUT [NAME=gpu]
 set -euo pipefail
 build=$1
