@@ -1,0 +1,47 @@
+#!/bin/bash
+# Stages a side-by-side decode A/B for one device call: two strata binaries (the one before a
+# change and the one after) take turns over `strata bench decode`, then the given test binaries
+# run (after the bench, so they do not disturb it). Usage:
+#   scripts/device/ab_stage.sh BASE_STRATA NEW_STRATA [TEST_BINARY...]
+#   run(command="bash .devwork/ab/run.sh", carry=[".devwork/ab"])
+# Knobs (environment, read when staging): ROUNDS (3), BATCHES (1,4,16,64), CONTEXT (1024),
+# VARIANTS: extra runs of the new binary under environment switches, e.g. "X=1 X=2" (each
+# word one variant, NAME=VALUE). Output: one summary line per run (greedy: wall/GPU ms and the
+# HBM-floor ratio per batch), the tests' pass lines; logs come back as $OUT/ab.tgz.
+set -euo pipefail
+base=${1:?base strata}
+new=${2:?new strata}
+shift 2
+here=$(cd "$(dirname "$0")" && pwd)
+dest=.devwork/ab
+rm -rf "$dest"
+source "$here/bundle.sh"
+bundle_binaries "$dest" "$new" "$@"
+cp "$base" "$dest/strata_base" && strip "$dest/strata_base"
+tests=""
+for t in "$@"; do tests+=" $(basename "$t")"; done
+cat > "$dest/run.sh" <<RUN
+#!/bin/bash
+cd "\$(dirname "\$0")"
+source ./libpath.sh; stage_libpath strata --help > /dev/null || exit 3
+pack() { (cd "\$OUT" && tar czf /tmp/ab.tgz . && find . -mindepth 1 -delete && mv /tmp/ab.tgz .); }
+trap pack EXIT
+summary() { awk '\$2=="greedy" {printf "b%s %s/%s r%s  ", \$1, \$3, \$4, \$9}' "\$1"; }
+for r in \$(seq ${ROUNDS:-3}); do
+  for v in base new ${VARIANTS:-}; do
+    bin=./strata; envs=""
+    [ \$v = base ] && bin=./strata_base
+    [ \$v != base ] && [ \$v != new ] && envs=\$v
+    log=\$OUT/dec_\${v//[^A-Za-z0-9_]/_}_\$r.log
+    env \$envs timeout 90 \$bin bench decode --batch ${BATCHES:-1,4,16,64} --context ${CONTEXT:-1024} \\
+      --steps 20 > \$log 2>&1
+    echo "\$v r\$r: \$(summary \$log)"
+  done
+done
+for t in$tests; do
+  s=\$(date +%s); timeout 280 ./\$t > \$OUT/\$t.log 2>&1
+  echo "\$t rc=\$? \$(( \$(date +%s) - s )) s \$(grep -E '^\[  (PASSED|FAILED)' \$OUT/\$t.log | tr '\n' ' ')"
+  grep -E "Failure|FAILED  \]" \$OUT/\$t.log | head -5
+done
+RUN
+du -sb "$dest"
