@@ -230,18 +230,24 @@ auto* KernelFor(bool weights_static) {
   return MoeExpertsKernel<kNT, kGateUp, kDepth, false, kMT>;
 }
 
-// The deep form: one 16-row tile per CTA (gate|up: 8 features), two CTAs per SM, with 4 steps in
-// flight per warp at one token tile, 2 at two. Otherwise depth 1 on two tiles.
+// Launches the gate|up (kGateUp) or down kernel over `rows` output rows (gate|up: features) of
+// grid_y experts x grid_z batches. The deep form: one 16-row tile per CTA (gate|up: 8 features),
+// two CTAs per SM, with 4 steps in flight per warp at one token tile, 2 at two; otherwise depth 1
+// on two tiles. The kernel's tile count and the grid's CTA rows come from the same kMT here.
 template <int kNT, bool kGateUp>
-void LaunchKernel(bool deep, dim3 grid, const MoeExpertsParams& p, cudaStream_t stream) {
-  auto* k = KernelFor<kNT, kGateUp, 1, 2>(p.weights_static);
+void LaunchKernel(bool deep, int rows, unsigned grid_y, unsigned grid_z, const MoeExpertsParams& p,
+                  cudaStream_t stream) {
+  constexpr int kTileRows = kGateUp ? 8 : 16;  // CTA rows per 16-row weight tile
   constexpr int kDeepDepth = kNT == 1 ? 4 : 2;
-  if (deep) k = KernelFor<kNT, kGateUp, kDeepDepth, 1>(p.weights_static);
+  auto* k = KernelFor<kNT, kGateUp, 1, 2>(p.weights_static);
+  int cta_rows = 2 * kTileRows;
+  if (deep) {
+    k = KernelFor<kNT, kGateUp, kDeepDepth, 1>(p.weights_static);
+    cta_rows = kTileRows;
+  }
+  const dim3 grid((rows + cta_rows - 1) / cta_rows, grid_y, grid_z);
   (void)LaunchPdl(k, grid, dim3(kThreads), 0, stream, p);
 }
-
-// Rows of a CTA: gate|up 8 features per tile (gate and up rows), down 16 rows per tile.
-int CtaRows(bool gate_up, bool deep) { return (gate_up ? 8 : 16) * (deep ? 1 : 2); }
 
 // Two token tiles take the deep form up to this many tokens (the most it was measured at).
 constexpr int kDeepTwoTileMaxTokens = 16;
@@ -265,18 +271,13 @@ absl::Status Launch(const MoeExpertsParams& p, cudaStream_t stream, bool gate_up
   const bool deep_tiles = kNT == 1 || p.num_tokens <= kDeepTwoTileMaxTokens;
   cudaError_t err = cudaSuccess;
   if (gate_up) {
-    const bool deep = deep_tiles;
-    const int rows = CtaRows(true, deep);
-    const dim3 grid_gu((p.inter + rows - 1) / rows, p.max_active);
-    LaunchKernel<kNT, true>(deep, grid_gu, p, stream);
+    LaunchKernel<kNT, true>(deep_tiles, p.inter, p.max_active, 1, p, stream);
     err = cudaGetLastError();
   }
   if (err == cudaSuccess) {
     const int steps = (p.inter + kStepK - 1) / kStepK;
-    const bool deep = deep_tiles && steps >= 4 * kWarps;
-    const int rows = CtaRows(false, deep);
-    const dim3 grid_down((p.hidden + rows - 1) / rows, p.max_active, p.batch);
-    LaunchKernel<kNT, false>(deep, grid_down, p, stream);
+    LaunchKernel<kNT, false>(deep_tiles && steps >= 4 * kWarps, p.hidden, p.max_active, p.batch, p,
+                             stream);
     err = cudaGetLastError();
   }
   if (err != cudaSuccess) {
