@@ -1,10 +1,11 @@
 // MoE router: one warp per token, scores and choices in shared memory; top-k by k rounds of a warp
-// arg-max (value descending, index ascending on ties), as cpu::RouteToken's partial sort orders.
+// arg-max (value descending, index ascending on ties), as cpu::RouteToken's partial sort orders;
+// for one token optionally its alignment (MoeRouterAlign) from the same warp.
 #include <cmath>
 #include <string>
 
-#include "kernels/moe_router/moe_router.h"
 #include "kernels/common/pdl.cuh"
+#include "kernels/moe_router/moe_router.h"
 
 namespace strata::kernels {
 namespace {
@@ -26,6 +27,35 @@ __device__ __forceinline__ void WarpArgMax(float& v, int& i) {
       v = w;
       i = j;
     }
+  }
+}
+
+// MoeRouterAlign for the one token routed by this warp; lane k < top_k holds choice k. Every
+// global write has one owner (no ordering between lanes needed).
+__device__ void AlignOneToken(const MoeRouterAlign& a, int num_experts, int top_k, int expert,
+                              int lane) {
+  const bool valid = lane < top_k && expert >= 0 && expert < num_experts;
+  const unsigned valid_mask = __ballot_sync(0xffffffffu, valid);
+  const int num_valid = __popc(valid_mask);
+  const int slot = __popc(valid_mask & ((1u << lane) - 1u));
+  for (int e0 = 0; e0 < num_experts; e0 += 32) {
+    int count = 0;
+    for (int k = 0; k < top_k; ++k) {
+      count += __shfl_sync(0xffffffffu, expert, k) == e0 + lane && ((valid_mask >> k) & 1u);
+    }
+    if (e0 + lane < num_experts) a.expert_count[e0 + lane] = count;
+  }
+  if (valid) {
+    a.active[slot] = expert;
+    a.expert_offset[expert] = slot;
+    a.slot_token[slot] = 0;
+  }
+  if (lane < top_k) a.token_slot[lane] = valid ? slot : -1;
+  for (int i = num_valid + lane; i < num_experts; i += 32) a.active[i] = -1;
+  if (lane == 0) {
+    a.expert_offset[num_experts] = num_valid;
+    *a.num_active = num_valid;
+    if (num_valid < top_k) *a.error = 1;
   }
 }
 
@@ -112,8 +142,11 @@ __global__ void __launch_bounds__(kThreads) MoeRouterKernel(MoeRouterParams p) {
       }
     }
     WarpArgMax(bv, bi);
-    if (bi % 32 == lane) taken |= 1u << (bi / 32);
-    const float w = score[bi];
+    // No candidate compares when the choices are NaN: bi stays out of range, the alignment
+    // flags it.
+    const bool found = bi < E;
+    if (found && bi % 32 == lane) taken |= 1u << (bi / 32);
+    const float w = found ? score[bi] : 0.f;
     weight_sum += w;
     if (lane == k) {
       my_expert = bi;
@@ -127,6 +160,7 @@ __global__ void __launch_bounds__(kThreads) MoeRouterKernel(MoeRouterParams p) {
     p.experts[token * p.top_k + lane] = my_expert;
     p.weights[token * p.top_k + lane] = w;
   }
+  if (p.align.expert_count != nullptr) AlignOneToken(p.align, E, p.top_k, my_expert, lane);
 }
 
 absl::Status Invalid(const std::string& what) {
@@ -155,6 +189,17 @@ absl::Status ValidateMoeRouterParams(const MoeRouterParams& p) {
   }
   if (p.ld_logits < p.num_experts) return Invalid("ld_logits < num_experts");
   if (!std::isfinite(p.routed_scaling_factor)) return Invalid("routed_scaling_factor not finite");
+  const MoeRouterAlign& a = p.align;
+  if (a.expert_count != nullptr || a.expert_offset != nullptr || a.active != nullptr ||
+      a.num_active != nullptr || a.slot_token != nullptr || a.token_slot != nullptr ||
+      a.error != nullptr) {
+    if (p.num_tokens != 1) return Invalid("align outputs are for one-token calls only");
+    if (a.expert_count == nullptr || a.expert_offset == nullptr || a.active == nullptr ||
+        a.num_active == nullptr || a.slot_token == nullptr || a.token_slot == nullptr ||
+        a.error == nullptr) {
+      return Invalid("align: every pointer must be set, or none");
+    }
+  }
   return absl::OkStatus();
 }
 

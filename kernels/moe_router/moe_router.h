@@ -12,6 +12,10 @@
 // `normalize` is the caller's (type == DeepSeek-V3 && norm_topk_prob), as RouteToken decides.
 //
 // One warp per token; logits are the fp32 router GEMM output. Thread safety: stateless.
+//
+// A one-token call (a batch-1 decode step) can also write what LaunchMoeAlign
+// (kernels/moe_experts/moe_experts.h) would for its choices, so no alignment launch follows it
+// on the step's critical path (MoeRouterAlign below).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -28,6 +32,21 @@ enum class MoeTopkMethod { kGreedy = 0, kGroupLimitedGreedy = 1, kNoauxTc = 2 };
 inline constexpr int kMoeMaxExperts = 512;
 inline constexpr int kMoeMaxTopK = 32;
 
+// LaunchMoeAlign's outputs for one token's choices, written by the router's warp. The contract of
+// MoeAlignParams holds with two differences: the active experts are listed in choice order (slot
+// i holds the i-th valid choice), not ascending, and expert_offset is written for the chosen
+// experts and at [num_experts] only. A choice outside [0, num_experts) (NaN logits) gets
+// token_slot -1 and sets *error, as there.
+struct MoeRouterAlign {
+  int32_t* expert_count = nullptr;   // [num_experts]
+  int32_t* expert_offset = nullptr;  // [num_experts + 1]
+  int32_t* active = nullptr;         // [num_experts]
+  int32_t* num_active = nullptr;     // [1]
+  int32_t* slot_token = nullptr;     // [top_k]
+  int64_t* token_slot = nullptr;     // [top_k]
+  int32_t* error = nullptr;          // [1]
+};
+
 struct MoeRouterParams {
   int num_tokens = 0;
   int num_experts = 0;  // <= kMoeMaxExperts
@@ -43,6 +62,8 @@ struct MoeRouterParams {
   const float* bias = nullptr;  // [num_experts] or null (used by noaux_tc only)
   int32_t* experts = nullptr;   // [num_tokens][top_k]
   float* weights = nullptr;     // [num_tokens][top_k]
+  // Set (every pointer) for num_tokens == 1 only: the alignment of the choices (see above).
+  MoeRouterAlign align;
 };
 
 absl::Status ValidateMoeRouterParams(const MoeRouterParams& params);

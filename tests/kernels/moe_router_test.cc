@@ -2,11 +2,13 @@
 // the DeepSeek-V3 (sigmoid, noaux_tc, 8 groups), V2 (softmax, group_limited_greedy) and V2-Lite
 // (softmax, greedy) routers plus an odd small one (label gpu: SKIPPED without a GPU). Both sides
 // compute the scores in double and round to fp32, so the chosen experts must be identical, in
-// order; weights agree to fp32 rounding. Outputs are poisoned before the launch.
+// order; weights agree to fp32 rounding. Outputs are poisoned before the launch. One-token calls
+// also write their alignment (MoeRouterAlign), checked against the chosen experts.
 #include "kernels/moe_router/moe_router.h"
 
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <random>
 #include <vector>
 
@@ -28,6 +30,54 @@ struct RouterCase {
   int n_group, topk_group;
   bool norm_topk_prob;
   double scale;
+};
+
+// MoeRouterAlign's outputs (poisoned), and their check against the token's choices.
+struct AlignBuffers {
+  AlignBuffers(int experts, int top_k)
+      : count(experts * 4),
+        offset((experts + 1) * 4),
+        active(experts * 4),
+        num_active(4),
+        slot_token(top_k * 4),
+        token_slot(top_k * 8),
+        error(std::vector<int32_t>{0}) {
+    params.expert_count = count.get<int32_t>();
+    params.expert_offset = offset.get<int32_t>();
+    params.active = active.get<int32_t>();
+    params.num_active = num_active.get<int32_t>();
+    params.slot_token = slot_token.get<int32_t>();
+    params.token_slot = token_slot.get<int64_t>();
+    params.error = error.get<int32_t>();
+  }
+
+  // choices: the router's experts[0][0:top_k], every one valid.
+  void Check(const std::vector<int32_t>& choices, int experts, int top_k) const {
+    const auto c = count.Download<int32_t>(), o = offset.Download<int32_t>(),
+               a = active.Download<int32_t>(), st = slot_token.Download<int32_t>();
+    const auto ts = token_slot.Download<int64_t>();
+    EXPECT_EQ(num_active.Download<int32_t>()[0], top_k);
+    EXPECT_EQ(error.Download<int32_t>()[0], 0);
+    EXPECT_EQ(o[experts], top_k);
+    std::vector<int> chosen(experts, 0), slot_used(top_k, 0);
+    for (int k = 0; k < top_k; ++k) {
+      const int e = choices[k];
+      ASSERT_TRUE(e >= 0 && e < experts) << e;
+      ++chosen[e];
+      const int64_t slot = ts[k];
+      ASSERT_TRUE(slot >= 0 && slot < top_k) << "choice " << k << " slot " << slot;
+      ++slot_used[slot];
+      EXPECT_EQ(a[slot], e) << "slot " << slot;
+      EXPECT_EQ(o[e], slot) << "expert " << e;
+      EXPECT_EQ(st[slot], 0) << "slot " << slot;
+    }
+    for (int k = 0; k < top_k; ++k) EXPECT_EQ(slot_used[k], 1) << "slot " << k;
+    for (int e = 0; e < experts; ++e) EXPECT_EQ(c[e], chosen[e]) << "expert " << e;
+    for (int i = top_k; i < experts; ++i) EXPECT_EQ(a[i], -1) << "active " << i;
+  }
+
+  DeviceBuffer count, offset, active, num_active, slot_token, token_slot, error;
+  MoeRouterAlign params;
 };
 
 class MoeRouterTest : public ::testing::Test {
@@ -76,11 +126,14 @@ class MoeRouterTest : public ::testing::Test {
     p.bias = use_bias ? dbias.get<float>() : nullptr;
     p.experts = dexperts.get<int32_t>();
     p.weights = dweights.get<float>();
+    AlignBuffers align(rc.experts, rc.top_k);
+    if (tokens == 1) p.align = align.params;
     const absl::Status st = LaunchMoeRouter(p, nullptr);
     ASSERT_TRUE(st.ok()) << st;
     ASSERT_CUDA_OK(cudaDeviceSynchronize());
     const auto got_e = dexperts.Download<int32_t>();
     const auto got_w = dweights.Download<float>();
+    if (tokens == 1) align.Check(got_e, rc.experts, rc.top_k);
 
     int64_t expert_mismatch = 0, weight_bad = 0;
     double max_rel = 0;
@@ -161,6 +214,36 @@ TEST_F(MoeRouterTest, MatchesCpuRouter) {
   for (const RouterCase& rc : {kV3, kV2, kV2Lite, kOdd, kSoftmaxV3}) {
     for (int tokens : {1, 33, 2000}) RunCase(rc, tokens);
   }
+}
+
+// NaN logits leave no candidate: the one-token alignment drops every choice and flags it, as
+// LaunchMoeAlign does for out-of-range experts.
+TEST_F(MoeRouterTest, OneTokenAlignFlagsNanLogits) {
+  constexpr int kExperts = 64, kTopK = 6;
+  DeviceBuffer logits(std::vector<float>(kExperts, std::nanf(""))), experts(kTopK * 4),
+      weights(kTopK * 4);
+  AlignBuffers align(kExperts, kTopK);
+  MoeRouterParams p;
+  p.num_tokens = 1;
+  p.num_experts = kExperts;
+  p.top_k = kTopK;
+  p.scoring = MoeScoring::kSoftmax;
+  p.topk_method = MoeTopkMethod::kGreedy;
+  p.normalize = false;
+  p.logits = logits.get<float>();
+  p.ld_logits = kExperts;
+  p.experts = experts.get<int32_t>();
+  p.weights = weights.get<float>();
+  p.align = align.params;
+  const absl::Status st = LaunchMoeRouter(p, nullptr);
+  ASSERT_TRUE(st.ok()) << st;
+  ASSERT_CUDA_OK(cudaDeviceSynchronize());
+  EXPECT_EQ(align.error.Download<int32_t>()[0], 1);
+  EXPECT_EQ(align.num_active.Download<int32_t>()[0], 0);
+  for (int64_t slot : align.token_slot.Download<int64_t>()) EXPECT_EQ(slot, -1);
+  for (int32_t a : align.active.Download<int32_t>()) EXPECT_EQ(a, -1);
+  for (int32_t c : align.count.Download<int32_t>()) EXPECT_EQ(c, 0);
+  for (float w : weights.Download<float>()) EXPECT_EQ(w, 0.f);
 }
 
 }  // namespace

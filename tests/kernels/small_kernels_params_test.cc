@@ -198,6 +198,30 @@ TEST(SmallKernelsParamsTest, MoeRouter) {
   EXPECT_FALSE(ValidateMoeRouterParams(p).ok());
 }
 
+TEST(SmallKernelsParamsTest, MoeRouterAlignIsOneTokenAndComplete) {
+  MoeRouterParams p;
+  p.num_tokens = 1;
+  p.num_experts = 64;
+  p.top_k = 6;
+  p.logits = Fake<float>();
+  p.ld_logits = 64;
+  p.experts = Fake<int32_t>();
+  p.weights = Fake<float>();
+  p.align.expert_count = Fake<int32_t>();
+  p.align.expert_offset = Fake<int32_t>();
+  p.align.active = Fake<int32_t>();
+  p.align.num_active = Fake<int32_t>();
+  p.align.slot_token = Fake<int32_t>();
+  p.align.token_slot = Fake<int64_t>();
+  p.align.error = Fake<int32_t>();
+  EXPECT_TRUE(ValidateMoeRouterParams(p).ok());
+  p.num_tokens = 2;
+  EXPECT_FALSE(ValidateMoeRouterParams(p).ok());
+  p.num_tokens = 1;
+  p.align.error = nullptr;  // some outputs but not all
+  EXPECT_FALSE(ValidateMoeRouterParams(p).ok());
+}
+
 TEST(SmallKernelsParamsTest, PrefillAttention) {
   PrefillAttentionParams p;
   p.batch = 1;

@@ -133,6 +133,10 @@ absl::StatusOr<kernels::RmsNormMoeSum> MoeBlock::Forward(int64_t layer, const De
   } else {
     RETURN_IF_ERROR(Linear(*blas_, L.router, xn, h, n, router_logits_.as<float>(), ne, true));
   }
+  const Path path = PathFor(n);
+  // One token: the router's warp aligns its own choices (no alignment launch on the critical
+  // path of a batch-1 step).
+  const bool router_aligns = path == Path::kDevice && n == 1;
   {
     kernels::MoeRouterParams p;
     p.num_tokens = static_cast<int>(n);
@@ -154,11 +158,20 @@ absl::StatusOr<kernels::RmsNormMoeSum> MoeBlock::Forward(int64_t layer, const De
     p.bias = L.score_bias;
     p.experts = experts_.as<int32_t>();
     p.weights = weights_.as<float>();
+    if (router_aligns) {
+      p.align.expert_count = count_.as<int32_t>();
+      p.align.expert_offset = offset_.as<int32_t>();
+      p.align.active = active_.as<int32_t>();
+      p.align.num_active = num_active_.as<int32_t>() + layer;
+      p.align.slot_token = slot_token_.as<int32_t>();
+      p.align.token_slot = token_slot_.as<int64_t>();
+      p.align.error = error_.as<int32_t>();
+    }
     RETURN_IF_ERROR(kernels::LaunchMoeRouter(p, s_));
   }
   const int64_t* token_slot;
-  if (const Path path = PathFor(n); path != Path::kHost) {
-    RETURN_IF_ERROR(Align(layer, n));
+  if (path != Path::kHost) {
+    if (!router_aligns) RETURN_IF_ERROR(Align(layer, n));
     RETURN_IF_ERROR(path == Path::kDevice ? RouteOnDevice(layer, L, xn, n)
                                           : RouteGrouped(L, xn, n));
     token_slot = token_slot_.as<int64_t>();

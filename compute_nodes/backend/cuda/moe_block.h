@@ -9,7 +9,8 @@
 // routing):
 //  - device path (n <= max_device_tokens): kernels/moe_experts aligns the routing into per-expert
 //    slot groups and runs the grouped gate|up + SiLU + down kernels; sizes stay on the device, no
-//    host sync, so the block can be captured in a CUDA graph.
+//    host sync, so the block can be captured in a CUDA graph. For one token (batch-1 decode) the
+//    router's warp writes the alignment itself: one launch less on the step's critical path.
 //  - grouped path (larger n, prefill, on sm_90 unless turned off): the same alignment, then
 //    kernels/moe_experts/moe_grouped.h: the slots' rows gathered per expert and two grouped wgmma
 //    GEMMs (SiLU×mul in the first one's epilogue); also no host sync.
