@@ -1,7 +1,7 @@
 // strata bench kernels: times the CUDA kernels on the local GPU and compares them with the
 // FlashMLA figures measured on an H200 of this workplace (issue #9).
 //
-//   strata bench kernels [--json PATH] [--iters N] [--only mla_decode,prefill,kv_pages]
+//   strata bench kernels [--json PATH] [--iters N] [--only mla_decode,prefill,kv_pages,sample]
 //                        [--mla-heads 16,32,64,128] [--mla-batch 128] [--mla-seqs 4096,...]
 //
 // MLA decode: batch 128 (--mla-batch; FlashMLA figures exist for 128 only, other batches are
@@ -21,11 +21,13 @@
 // KV pages: 64 blocks of a 61-layer DeepSeek-V3 payload (B = 64) moved between pinned host (or
 // device) payloads and random pages of a per-layer pool by the gather/scatter kernels; GB/s counts
 // payload bytes. cudaMemcpyAsync of the same bytes from/to pinned memory is the PCIe reference.
+//
+// Sampling (--only sample; bench_kernels_sample.h): the greedy and temperature/top-k/top-p token
+// pickers by batch, vocab and logit spread.
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -36,10 +38,11 @@
 #include <numeric>
 #include <random>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
+#include "cli/bench_kernels_sample.h"
+#include "cli/bench_kernels_timing.h"
 #include "cli/commands.h"
 #include "common/cuda/cuda_status.h"
 #include "common/status.h"
@@ -51,116 +54,11 @@
 namespace strata::cli {
 namespace {
 
+using bench_kernels::DeviceBuffer;
+using bench_kernels::FillRandomBf16;
+using bench_kernels::MedianMs;
+using bench_kernels::MedianMsInTurns;
 using kernels::MlaDecodeParams;
-
-struct DeviceBuffer {
-  void* ptr = nullptr;
-  ~DeviceBuffer() {
-    if (ptr != nullptr) (void)cudaFree(ptr);
-  }
-  absl::Status Allocate(size_t bytes) {
-    CUDA_RETURN_IF_ERROR(cudaMalloc(&ptr, bytes));
-    return absl::OkStatus();
-  }
-};
-
-// Random bf16 (normal-ish, never all zeros): a 64 MiB host pattern copied over the buffer.
-absl::Status FillRandomBf16(void* dst, size_t bytes, uint32_t seed) {
-  const size_t pattern_elems = std::min<size_t>(bytes / 2, size_t{32} << 20);
-  std::vector<uint16_t> pattern(pattern_elems);
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.f, 1.f);
-  for (uint16_t& h : pattern) {
-    const float f = normal(rng);
-    uint32_t u;
-    std::memcpy(&u, &f, 4);
-    h = static_cast<uint16_t>((u + 0x7fff + ((u >> 16) & 1)) >> 16);
-  }
-  for (size_t off = 0; off < bytes; off += pattern_elems * 2) {
-    const size_t n = std::min(pattern_elems * 2, bytes - off);
-    CUDA_RETURN_IF_ERROR(
-        cudaMemcpy(static_cast<char*>(dst) + off, pattern.data(), n, cudaMemcpyHostToDevice));
-  }
-  return absl::OkStatus();
-}
-
-// Holds the stream at a host function until the host has enqueued a whole round, so that every
-// launch of the round is queued before the GPU reaches it: the events then time the device work
-// alone, not the launcher's host work (tensor maps, attributes: tens of microseconds, which a
-// launch onto an idle stream would add to its figure; a decode step replays a CUDA graph).
-class StreamGate {
- public:
-  absl::Status Close() {
-    open_.store(false);
-    CUDA_RETURN_IF_ERROR(cudaLaunchHostFunc(nullptr, &StreamGate::Wait, this));
-    return absl::OkStatus();
-  }
-  void Open() { open_.store(true); }
-
- private:
-  static void Wait(void* self) {
-    while (!static_cast<StreamGate*>(self)->open_.load()) std::this_thread::yield();
-  }
-  std::atomic<bool> open_{true};
-};
-
-// Median milliseconds of each of `fns` over `iters` rounds after `warmup` rounds; a round runs
-// every fn once, in turns, each timed by its own events on the default stream behind a
-// StreamGate, so the variants of one point meet the same clocks and none is timed with its
-// launcher's host work (timed one at a time onto an idle stream, the first of a round read up to
-// 9 % slower than the same kernel later in it on the H200).
-absl::StatusOr<std::vector<double>> MedianMsInTurns(
-    const std::vector<std::function<absl::Status()>>& fns, int warmup, int iters) {
-  for (int i = 0; i < warmup; ++i) {
-    for (const auto& fn : fns) RETURN_IF_ERROR(fn());
-  }
-  std::vector<cudaEvent_t> events(2 * fns.size(), nullptr);
-  absl::Status status = [&]() -> absl::Status {
-    for (cudaEvent_t& e : events) CUDA_RETURN_IF_ERROR(cudaEventCreate(&e));
-    return absl::OkStatus();
-  }();
-  StreamGate gate;
-  std::vector<std::vector<double>> ms(fns.size());
-  for (int i = 0; i < iters && status.ok(); ++i) {
-    status = [&]() -> absl::Status {
-      RETURN_IF_ERROR(gate.Close());
-      absl::Status enqueued = [&]() -> absl::Status {
-        for (size_t k = 0; k < fns.size(); ++k) {
-          CUDA_RETURN_IF_ERROR(cudaEventRecord(events[2 * k]));
-          RETURN_IF_ERROR(fns[k]());
-          CUDA_RETURN_IF_ERROR(cudaEventRecord(events[2 * k + 1]));
-        }
-        return absl::OkStatus();
-      }();
-      gate.Open();  // on every path: the stream waits for it
-      RETURN_IF_ERROR(enqueued);
-      CUDA_RETURN_IF_ERROR(cudaEventSynchronize(events.back()));
-      for (size_t k = 0; k < fns.size(); ++k) {
-        float t = 0;
-        CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&t, events[2 * k], events[2 * k + 1]));
-        ms[k].push_back(t);
-      }
-      return absl::OkStatus();
-    }();
-  }
-  if (!status.ok()) (void)cudaDeviceSynchronize();  // the gate is open; drain before destroying
-  for (cudaEvent_t e : events) {
-    if (e != nullptr) (void)cudaEventDestroy(e);
-  }
-  RETURN_IF_ERROR(status);
-  std::vector<double> medians;
-  for (std::vector<double>& v : ms) {
-    std::sort(v.begin(), v.end());
-    medians.push_back(v[v.size() / 2]);
-  }
-  return medians;
-}
-
-// Median milliseconds of `fn` over `iters` event-timed runs after `warmup` runs.
-absl::StatusOr<double> MedianMs(std::function<absl::Status()> fn, int warmup, int iters) {
-  ASSIGN_OR_RETURN(const std::vector<double> ms, MedianMsInTurns({std::move(fn)}, warmup, iters));
-  return ms[0];
-}
 
 // FlashMLA on an H200 of this workplace (issue #9): TB/s for h_q 16/64, TFLOPS for h_q 128.
 // 0 where the issue gives no figure (h_q 32): such points are timed but get no ratio.
@@ -653,7 +551,9 @@ void RegisterBenchKernelsCommand(CLI::App& app) {
   cmd->add_option("--json", *json_path, "Write the figures as JSON to this file");
   cmd->add_option("--iters", *iters, "Timed runs per point (median reported)")
       ->check(CLI::Range(1, 10000));
-  cmd->add_option("--only", *only, "Comma-separated groups: mla_decode, prefill, kv_pages");
+  cmd->add_option("--only", *only,
+                  "Comma-separated groups: mla_decode, prefill, kv_pages, sample (not run by "
+                  "default)");
   auto mla = std::make_shared<MlaPoints>();
   cmd->add_option(
          "--mla-heads", mla->heads_q,
@@ -695,6 +595,10 @@ void RegisterBenchKernelsCommand(CLI::App& app) {
     if (wanted("kv_pages")) {
       const absl::Status st = BenchKvPages(*iters, report);
       if (!st.ok()) Fail(1, StrCat("bench kernels (kv_pages): ", st.message()));
+    }
+    if (wanted("sample")) {
+      const absl::Status st = bench_kernels::BenchSampling(*iters, report);
+      if (!st.ok()) Fail(1, StrCat("bench kernels (sample): ", st.message()));
     }
     if (!json_path->empty()) {
       std::ofstream f(*json_path);
