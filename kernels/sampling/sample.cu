@@ -10,15 +10,14 @@
 //   1. max (and the first maximum: greedy rows stop here);
 //   2. top-k: the k-th largest key `kth` (counts); the top-k set is every key above it plus the
 //      first (k - above) indices at it (a tie group: equal logits, equal probabilities);
-//   3. the softmax sum over that set;
-//   4. top-p: the key at which the sorted running mass first reaches top_p x sum, and how many
-//      of its tie group the prefix takes; that prefix's mass `kept`;
-//   5. the key at which the running mass first exceeds uniform x kept, the position t within its
-//      tie group, and the t-th lowest index holding that key.
+//   3. top-p: the key at which the sorted running mass first reaches top_p x sum (the softmax sum
+//      over that set: the total of the selection's first histogram), and how many of its tie
+//      group the prefix takes; that prefix's mass `kept`;
+//   4. the key at which the running mass first exceeds uniform x kept (x sum without top-p), the
+//      position t within its tie group, and the t-th lowest index holding that key.
 #include <cooperative_groups.h>
 
 #include <algorithm>
-#include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 #include <string>
 
@@ -50,21 +49,19 @@ struct Shared {
   double mass[kBins];
   union {
     cub::BlockScan<double, kThreads>::TempStorage scan;
-    cub::BlockReduce<double, kThreads>::TempStorage reduce;
     cub::BlockScan<int, kThreads>::TempStorage iscan;
   } tmp;
-  // Read by the other blocks of the cluster: this block's maximum, softmax part and count of a
-  // key (IndexOf); rank 0's also takes the picked index.
+  // Read by the other blocks of the cluster: this block's maximum and count of a key (IndexOf);
+  // rank 0's also takes the picked index.
   float block_max;
   int block_max_index;
-  double block_part;
   int block_key_count;
   int picked;
   // The row's (merged) values, and what passes between the threads of one block.
   float max_value;
   int max_index;
   uint32_t lowest_bin;   // the lowest nonempty bin (a target past the total)
-  double above;          // weight of the candidates above the chosen bin (also: the softmax sum)
+  double above;          // weight of the candidates above the chosen bin
   int found;             // the chosen bin, or index
   uint32_t found_count;  // candidates in the chosen bin
   int key_base;          // IndexOf: the key's holders in the lower-ranked blocks
@@ -75,6 +72,8 @@ struct Crossing {
   uint32_t key;    // the key of the element at which it happens
   double above;    // weight of the candidates with larger keys
   uint32_t count;  // candidates holding `key`
+  double total;    // weight of all the candidates (the floor's tie group included)
+  double target;   // the running sum it was to meet
 };
 
 class Row {
@@ -107,13 +106,16 @@ class Row {
 
   // Candidates: keys above `floor` (all of them), plus `floor_count` elements at `floor` (a tie
   // group cut by top-k or top-p; each weighs `floor_weight`). `by_mass`: weights are
-  // probabilities exp((x - mx) / t), else 1 each. `inclusive`: the crossing is where the running
-  // sum first reaches `target` (>=), else where it first exceeds it (>). A target past the total
-  // (rounding) lands on the last candidate, as the CPU's walk falls back to it.
-  __device__ Crossing Select(double target, bool inclusive, bool by_mass, uint32_t floor,
-                             uint32_t floor_count, double floor_weight, double mx, double t) {
+  // probabilities exp((x - mx) / t), else 1 each. The target is `base` + `fraction` x the
+  // candidates' total weight (known after the first pass's histogram, so the softmax sum needs no
+  // pass of its own). `inclusive`: the crossing is where the running sum first reaches the target
+  // (>=), else where it first exceeds it (>). A target past the total (rounding) lands on the last
+  // candidate, as the CPU's walk falls back to it.
+  __device__ Crossing Select(double base, double fraction, bool inclusive, bool by_mass,
+                             uint32_t floor, uint32_t floor_count, double floor_weight, double mx,
+                             double t) {
     uint32_t prefix = 0, mask = 0;
-    double above = 0;
+    double above = 0, target = 0, candidates = 0;
     const unsigned ranks = cluster_.num_blocks();
     for (int pass = 0; pass < 3; ++pass) {
       const int shift = DigitShift(pass);
@@ -137,6 +139,7 @@ class Row {
       const int b0 = top - 2 * static_cast<int>(threadIdx.x), b1 = b0 - 1;
       uint32_t c0 = 0, c1 = 0;
       double m0 = 0, m1 = 0;
+#pragma unroll 8  // the cluster's blocks (up to 8): their loads in flight together
       for (unsigned r = 0; r < ranks; ++r) {
         const Shared& o = at_rank(r);
         if (b0 >= 0) c0 += o.count[b0], m0 += o.mass[b0];
@@ -145,6 +148,10 @@ class Row {
       const double w0 = by_mass ? m0 : c0, w1 = by_mass ? m1 : c1;
       double excl, total;
       cub::BlockScan<double, kThreads>(sh_.tmp.scan).ExclusiveSum(w0 + w1, excl, total);
+      if (pass == 0) {
+        candidates = total + floor_count * (by_mass ? floor_weight : 1.0);
+        target = base + fraction * candidates;
+      }
       if (threadIdx.x == 0) sh_.found = -1;
       __syncthreads();
       const double rel = target - above;
@@ -165,7 +172,7 @@ class Row {
       if (sh_.found < 0) {
         if (pass == 0 && floor_count > 0) {  // past everything above the floor: its tie group
           cluster_.sync();                   // every block has read the histograms
-          return {floor, above + total, floor_count};
+          return {floor, above + total, floor_count, candidates, target};
         }
         // Past the total (rounding): the last candidate of this range, the lowest nonempty bin.
         if (threadIdx.x == 0) sh_.lowest_bin = 0xffffffffu;
@@ -188,7 +195,7 @@ class Row {
       prefix |= static_cast<uint32_t>(d) << shift;
       mask |= digit_mask << shift;
       cluster_.sync();  // every block has read the histograms before the next pass clears them
-      if (pass == 2) return {prefix, above, at_count};
+      if (pass == 2) return {prefix, above, at_count, candidates, target};
     }
     return {};  // not reached
   }
@@ -306,37 +313,21 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleParams p, int per
   const int k = d.top_k > 0 ? min(d.top_k, p.vocab) : p.vocab;
   uint32_t floor_key = 0, floor_count = 0;
   if (k < p.vocab) {
-    const Crossing c = row.Select(k, /*inclusive=*/true, /*by_mass=*/false, 0, 0, 0, mx, t);
+    const Crossing c = row.Select(k, 0, /*inclusive=*/true, /*by_mass=*/false, 0, 0, 0, mx, t);
     floor_key = c.key;
     floor_count = static_cast<uint32_t>(k - static_cast<int>(c.above));
   }
   double floor_weight = floor_count > 0 ? row.Weight(Value(floor_key), mx, t) : 0.0;
 
-  // 3. The softmax sum over the top-k set (blocks' parts added in rank order).
-  double part = 0;
-  row.ForEach([&](int, float x) {
-    if (Key(x) > floor_key) part += row.Weight(x, mx, t);
-  });
-  __syncthreads();
-  const double block_part = cub::BlockReduce<double, kThreads>(sh.tmp.reduce).Sum(part);
-  if (threadIdx.x == 0) sh.block_part = block_part;
-  cluster.sync();
-  if (threadIdx.x == 0) {
-    double above_sum = 0;
-    for (unsigned q = 0; q < ranks; ++q) above_sum += row.at_rank(q).block_part;
-    sh.above = above_sum + floor_count * floor_weight;
-  }
-  __syncthreads();
-  const double sum = sh.above;
-  __syncthreads();
-
-  // 4. top-p: the prefix reaching top_p x sum; it becomes the candidate set.
-  double kept = sum;
-  if (d.top_p < 1.0f) {
-    const Crossing c = row.Select(static_cast<double>(d.top_p) * sum, /*inclusive=*/true,
-                                  /*by_mass=*/true, floor_key, floor_count, floor_weight, mx, t);
+  // 3. top-p: the prefix reaching top_p x the softmax sum over the top-k set (the selection's
+  // first pass yields the sum); it becomes the candidate set, of mass `kept`.
+  const bool cut = d.top_p < 1.0f;
+  double kept = 0;
+  if (cut) {
+    const Crossing c = row.Select(0, d.top_p, /*inclusive=*/true, /*by_mass=*/true, floor_key,
+                                  floor_count, floor_weight, mx, t);
     const double w = row.Weight(Value(c.key), mx, t);
-    const double need = static_cast<double>(d.top_p) * sum - c.above;
+    const double need = c.target - c.above;
     uint32_t take = static_cast<uint32_t>(fmax(1.0, ceil(need / w)));
     if (take > c.count) take = c.count;
     floor_key = c.key;
@@ -345,12 +336,13 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleParams p, int per
     kept = c.above + take * w;
   }
 
-  // 5. The element where the running mass exceeds uniform x kept, then its index.
-  const double x = d.uniform * kept;
-  const Crossing c = row.Select(x, /*inclusive=*/false, /*by_mass=*/true, floor_key, floor_count,
+  // 4. The element where the running mass exceeds uniform x kept (without top-p: x the sum),
+  // then its index.
+  const Crossing c = row.Select(cut ? d.uniform * kept : 0, cut ? 0 : d.uniform,
+                                /*inclusive=*/false, /*by_mass=*/true, floor_key, floor_count,
                                 floor_weight, mx, t);
   const double w = row.Weight(Value(c.key), mx, t);
-  const double pos = ::floor((x - c.above) / w);
+  const double pos = ::floor((c.target - c.above) / w);
   const uint32_t at = pos <= 0 ? 0u : static_cast<uint32_t>(fmin(pos, c.count - 1.0));
   row.IndexOf(c.key, at);
   if (rank == 0 && threadIdx.x == 0) p.tokens[r] = sh.picked;
@@ -376,8 +368,7 @@ absl::Status LaunchSample(const SampleParams& p, cudaStream_t stream) {
   if (absl::Status st = ValidateSampleParams(p); !st.ok()) return st;
   if (p.rows == 0) return absl::OkStatus();
   const absl::StatusOr<sampling_detail::RowClusters> c =
-      sampling_detail::PlanRowClusters("LaunchSample: ", p.rows, p.vocab, kThreads,
-                                       SampleKernel);
+      sampling_detail::PlanRowClusters("LaunchSample: ", p.rows, p.vocab, kThreads, SampleKernel);
   if (!c.ok()) return c.status();
   return sampling_detail::LaunchRowClusters("LaunchSample: ", *c, p.rows, kThreads, stream,
                                             SampleKernel, p, c->per);
