@@ -61,10 +61,21 @@ struct Shared {
   float max_value;
   int max_index;
   uint32_t lowest_bin;   // the lowest nonempty bin (a target past the total)
-  double above;          // weight of the candidates above the chosen bin
+  double step;           // weight of the candidates above the chosen bin (within the prefix)
   int found;             // the chosen bin, or index
   uint32_t found_count;  // candidates in the chosen bin
   int key_base;          // IndexOf: the key's holders in the lower-ranked blocks
+};
+
+// A selection's first histogram, as one thread holds it (its two bins, merged over the cluster),
+// and where that selection went from it. The draw after a top-p cut reads its own first level
+// from the cut's: the bins above the cut's first bin as they are, that bin's part above the cut's
+// key from the cut's later passes, nothing below it; one pass over the row less.
+struct FirstLevel {
+  uint32_t c0, c1;
+  double m0, m1;
+  int bin;        // the bin the selection refined; -1 when it stopped at the floor's tie group
+  double within;  // weight of the candidates in `bin` above the selection's crossing key
 };
 
 // Where a running sum over the candidates, in descending key order, meets `target`.
@@ -110,41 +121,57 @@ class Row {
   // candidates' total weight (known after the first pass's histogram, so the softmax sum needs no
   // pass of its own). `inclusive`: the crossing is where the running sum first reaches the target
   // (>=), else where it first exceeds it (>). A target past the total (rounding) lands on the last
-  // candidate, as the CPU's walk falls back to it.
+  // candidate, as the CPU's walk falls back to it. `keep`: this selection's first level is
+  // recorded there. `reuse` (a by-mass selection whose floor is the recording selection's
+  // crossing, `floor_count` of its tie group): the first level is derived from it, no pass.
   __device__ Crossing Select(double base, double fraction, bool inclusive, bool by_mass,
                              uint32_t floor, uint32_t floor_count, double floor_weight, double mx,
-                             double t) {
+                             double t, FirstLevel* keep = nullptr,
+                             const FirstLevel* reuse = nullptr) {
     uint32_t prefix = 0, mask = 0;
-    double above = 0, target = 0, candidates = 0;
+    double above = 0, target = 0, candidates = 0, within = 0;
     const unsigned ranks = cluster_.num_blocks();
     for (int pass = 0; pass < 3; ++pass) {
       const int shift = DigitShift(pass);
       const uint32_t digit_mask = (1u << DigitBits(pass)) - 1;
-      for (int b = threadIdx.x; b < kBins; b += kThreads) {
-        sh_.count[b] = 0;
-        sh_.mass[b] = 0;
-      }
-      __syncthreads();
-      ForEach([&](int, float x) {
-        const uint32_t k = Key(x);
-        if (k <= floor || (k & mask) != prefix) return;
-        const uint32_t d = (k >> shift) & digit_mask;
-        atomicAdd(&sh_.count[d], 1u);
-        if (by_mass) atomicAdd(&sh_.mass[d], Weight(x, mx, t));
-      });
-      cluster_.sync();  // every block's histogram is complete
       // Bins from the largest digit down: thread i holds bins hi = top - 2i and hi - 1, summed
       // over the cluster's blocks in rank order.
       const int top = static_cast<int>(digit_mask);
       const int b0 = top - 2 * static_cast<int>(threadIdx.x), b1 = b0 - 1;
       uint32_t c0 = 0, c1 = 0;
       double m0 = 0, m1 = 0;
-#pragma unroll 8  // the cluster's blocks (up to 8): their loads in flight together
-      for (unsigned r = 0; r < ranks; ++r) {
-        const Shared& o = at_rank(r);
-        if (b0 >= 0) c0 += o.count[b0], m0 += o.mass[b0];
-        if (b1 >= 0) c1 += o.count[b1], m1 += o.mass[b1];
+      const bool derived = pass == 0 && reuse != nullptr;
+      if (derived) {
+        // Above the recorded bin as recorded, at it the part above the old crossing, below it
+        // nothing (the counts there are not read: a by-mass selection goes on to pass 1).
+        auto part = [&](int b, uint32_t c, double m, uint32_t& co, double& mo) {
+          co = reuse->bin < 0 || b > reuse->bin ? c : 0;
+          mo = reuse->bin < 0 || b > reuse->bin ? m : b == reuse->bin ? reuse->within : 0.0;
+        };
+        part(b0, reuse->c0, reuse->m0, c0, m0);
+        part(b1, reuse->c1, reuse->m1, c1, m1);
+      } else {
+        for (int b = threadIdx.x; b < kBins; b += kThreads) {
+          sh_.count[b] = 0;
+          sh_.mass[b] = 0;
+        }
+        __syncthreads();
+        ForEach([&](int, float x) {
+          const uint32_t k = Key(x);
+          if (k <= floor || (k & mask) != prefix) return;
+          const uint32_t d = (k >> shift) & digit_mask;
+          atomicAdd(&sh_.count[d], 1u);
+          if (by_mass) atomicAdd(&sh_.mass[d], Weight(x, mx, t));
+        });
+        cluster_.sync();  // every block's histogram is complete
+#pragma unroll 8          // the cluster's blocks (up to 8): their loads in flight together
+        for (unsigned r = 0; r < ranks; ++r) {
+          const Shared& o = at_rank(r);
+          if (b0 >= 0) c0 += o.count[b0], m0 += o.mass[b0];
+          if (b1 >= 0) c1 += o.count[b1], m1 += o.mass[b1];
+        }
       }
+      if (pass == 0 && keep != nullptr) *keep = {c0, c1, m0, m1, -1, 0.0};
       const double w0 = by_mass ? m0 : c0, w1 = by_mass ? m1 : c1;
       double excl, total;
       cub::BlockScan<double, kThreads>(sh_.tmp.scan).ExclusiveSum(w0 + w1, excl, total);
@@ -162,16 +189,16 @@ class Row {
       if (b0 >= 0 && crosses(excl, w0)) {
         sh_.found = b0;
         sh_.found_count = c0;
-        sh_.above = above + excl;
+        sh_.step = excl;
       } else if (b1 >= 0 && crosses(excl + w0, w1)) {
         sh_.found = b1;
         sh_.found_count = c1;
-        sh_.above = above + excl + w0;
+        sh_.step = excl + w0;
       }
       __syncthreads();
       if (sh_.found < 0) {
         if (pass == 0 && floor_count > 0) {  // past everything above the floor: its tie group
-          cluster_.sync();                   // every block has read the histograms
+          if (!derived) cluster_.sync();     // every block has read the histograms
           return {floor, above + total, floor_count, candidates, target};
         }
         // Past the total (rounding): the last candidate of this range, the lowest nonempty bin.
@@ -185,17 +212,23 @@ class Row {
         if (b0 == lowest || b1 == lowest) {  // exactly one thread holds that bin
           sh_.found = lowest;
           sh_.found_count = b0 == lowest ? c0 : c1;
-          sh_.above = above + total - (b0 == lowest ? w0 : w1);
+          sh_.step = total - (b0 == lowest ? w0 : w1);
         }
         __syncthreads();
       }
       const int d = sh_.found;
-      above = sh_.above;
+      above += sh_.step;
+      if (pass > 0) within += sh_.step;
       const uint32_t at_count = sh_.found_count;
       prefix |= static_cast<uint32_t>(d) << shift;
       mask |= digit_mask << shift;
-      cluster_.sync();  // every block has read the histograms before the next pass clears them
-      if (pass == 2) return {prefix, above, at_count, candidates, target};
+      if (pass == 0 && keep != nullptr) keep->bin = d;
+      // Every block has read the histograms before the next pass clears them.
+      if (!derived) cluster_.sync();
+      if (pass == 2) {
+        if (keep != nullptr) keep->within = within;
+        return {prefix, above, at_count, candidates, target};
+      }
     }
     return {};  // not reached
   }
@@ -323,9 +356,10 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleParams p, int per
   // first pass yields the sum); it becomes the candidate set, of mass `kept`.
   const bool cut = d.top_p < 1.0f;
   double kept = 0;
+  FirstLevel first;  // the cut's first histogram, for the draw's
   if (cut) {
     const Crossing c = row.Select(0, d.top_p, /*inclusive=*/true, /*by_mass=*/true, floor_key,
-                                  floor_count, floor_weight, mx, t);
+                                  floor_count, floor_weight, mx, t, &first);
     const double w = row.Weight(Value(c.key), mx, t);
     const double need = c.target - c.above;
     uint32_t take = static_cast<uint32_t>(fmax(1.0, ceil(need / w)));
@@ -340,7 +374,7 @@ __global__ void __launch_bounds__(kThreads) SampleKernel(SampleParams p, int per
   // then its index.
   const Crossing c = row.Select(cut ? d.uniform * kept : 0, cut ? 0 : d.uniform,
                                 /*inclusive=*/false, /*by_mass=*/true, floor_key, floor_count,
-                                floor_weight, mx, t);
+                                floor_weight, mx, t, nullptr, cut ? &first : nullptr);
   const double w = row.Weight(Value(c.key), mx, t);
   const double pos = ::floor((c.target - c.above) / w);
   const uint32_t at = pos <= 0 ? 0u : static_cast<uint32_t>(fmin(pos, c.count - 1.0));
