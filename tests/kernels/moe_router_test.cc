@@ -15,6 +15,7 @@
 #include "compute_nodes/backend/cpu/cpu_ops.h"
 #include "compute_nodes/model/model_config.h"
 #include "tests/kernels/gpu_test_util.h"
+#include "tests/kernels/moe_align_buffers.h"
 
 namespace strata::kernels {
 namespace {
@@ -32,23 +33,17 @@ struct RouterCase {
   double scale;
 };
 
-// MoeRouterAlign's outputs (poisoned), and their check against the token's choices.
-struct AlignBuffers {
+// MoeRouterAlign over the (poisoned) output arrays MoeAlignBuffers holds for LaunchMoeAlign.
+struct AlignBuffers : testing::MoeAlignBuffers {
   AlignBuffers(int experts, int top_k)
-      : count(experts * 4),
-        offset((experts + 1) * 4),
-        active(experts * 4),
-        num_active(4),
-        slot_token(top_k * 4),
-        token_slot(top_k * 8),
-        error(std::vector<int32_t>{0}) {
-    params.expert_count = count.get<int32_t>();
-    params.expert_offset = offset.get<int32_t>();
-    params.active = active.get<int32_t>();
-    params.num_active = num_active.get<int32_t>();
-    params.slot_token = slot_token.get<int32_t>();
-    params.token_slot = token_slot.get<int64_t>();
-    params.error = error.get<int32_t>();
+      : MoeAlignBuffers(std::vector<int32_t>(top_k, 0), 1, top_k, experts) {
+    outputs.expert_count = count.get<int32_t>();
+    outputs.expert_offset = offset.get<int32_t>();
+    outputs.active = active.get<int32_t>();
+    outputs.num_active = num_active.get<int32_t>();
+    outputs.slot_token = slot_token.get<int32_t>();
+    outputs.token_slot = token_slot.get<int64_t>();
+    outputs.error = error.get<int32_t>();
   }
 
   // choices: the router's experts[0][0:top_k], every one valid.
@@ -76,8 +71,7 @@ struct AlignBuffers {
     for (int i = top_k; i < experts; ++i) EXPECT_EQ(a[i], -1) << "active " << i;
   }
 
-  DeviceBuffer count, offset, active, num_active, slot_token, token_slot, error;
-  MoeRouterAlign params;
+  MoeRouterAlign outputs;
 };
 
 class MoeRouterTest : public ::testing::Test {
@@ -127,7 +121,7 @@ class MoeRouterTest : public ::testing::Test {
     p.experts = dexperts.get<int32_t>();
     p.weights = dweights.get<float>();
     AlignBuffers align(rc.experts, rc.top_k);
-    if (tokens == 1) p.align = align.params;
+    if (tokens == 1) p.align = align.outputs;
     const absl::Status st = LaunchMoeRouter(p, nullptr);
     ASSERT_TRUE(st.ok()) << st;
     ASSERT_CUDA_OK(cudaDeviceSynchronize());
@@ -234,7 +228,7 @@ TEST_F(MoeRouterTest, OneTokenAlignFlagsNanLogits) {
   p.ld_logits = kExperts;
   p.experts = experts.get<int32_t>();
   p.weights = weights.get<float>();
-  p.align = align.params;
+  p.align = align.outputs;
   const absl::Status st = LaunchMoeRouter(p, nullptr);
   ASSERT_TRUE(st.ok()) << st;
   ASSERT_CUDA_OK(cudaDeviceSynchronize());
