@@ -169,4 +169,9 @@ timeout $(( $(left) < 60 ? $(left) : 60 )) ./strata bench kernels --only mla_dec
   --mla-seqs 1024,4096 --mla-heads 16,128 --iters 20 > $OUT/bench_kernels_b1.log 2>&1
 echo "bench kernels --mla-batch 1 rc=$? at $(( $(date +%s) - start )) s"
 grep -E "^ *(16|128) +[0-9]+ +[0-9]+ " $OUT/bench_kernels_b1.log | head -4
+# The token pickers (greedy, temperature / top-k / top-p) by batch, vocab and logit spread.
+timeout $(( $(left) < 40 ? $(left) : 40 )) ./strata bench kernels --only sample --iters 20 \
+  --json $OUT/bench_sample.json > $OUT/bench_sample.log 2>&1
+echo "bench kernels --only sample rc=$? at $(( $(date +%s) - start )) s"
+grep -E "^102400 " $OUT/bench_sample.log | head -6
 echo "done at $(( $(date +%s) - start )) s"
