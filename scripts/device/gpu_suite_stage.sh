@@ -1,9 +1,9 @@
 #!/bin/bash
 # Stages every `gpu`-labelled check of main for one device call: the kernel tests, the CUDA
 # backend test, the cuda transport test and bench, `strata worker --backend cuda` serving a
-# generate call, the KV-pool, decode-step, whole-model prefill, attention-kernel and sampler benches
-# (gpu_suite_run.sh; ~6 minutes with the default DEADLINE of 560 s), built here for sm_90a, into
-# <checkout>/.devwork/<name>/; then call
+# generate call, the KV-pool, decode-step, whole-model prefill, attention-kernel and sampler
+# benches (gpu_suite_run.sh; ~6 minutes with the default DEADLINE of 560 s), built here for
+# sm_90a, into <checkout>/.devwork/<name>/; then call
 #   run(command="bash .devwork/<name>/run.sh", carry=[".devwork/<name>"])
 # The logs and JSON reports come back as one archive, suite.tgz (tar xzf it under files_at).
 # Usage: scripts/device/gpu_suite_stage.sh BUILD_DIR CHECKOUT [NAME=gpu]
