@@ -3,10 +3,10 @@
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 
-#include <algorithm>
 #include <chrono>
 #include <functional>
 #include <iostream>
+#include <iterator>
 #include <random>
 #include <string>
 #include <vector>
