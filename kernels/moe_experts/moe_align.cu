@@ -63,31 +63,31 @@ __global__ void __launch_bounds__(kThreads) MoeAlignKernel(MoeAlignParams p) {
     }
     if (tid == 31) {
       offset[num_e] = sum_incl;
-      *p.num_active = act_incl;
+      *p.out.num_active = act_incl;
     }
   }
   __syncthreads();
   for (int e = tid; e < num_e; e += kThreads) {
-    p.expert_count[e] = count[e];
-    p.expert_offset[e] = offset[e];
-    p.active[e] = -1;
+    p.out.expert_count[e] = count[e];
+    p.out.expert_offset[e] = offset[e];
+    p.out.active[e] = -1;
   }
-  if (tid == 0) p.expert_offset[num_e] = offset[num_e];
+  if (tid == 0) p.out.expert_offset[num_e] = offset[num_e];
   __syncthreads();  // the -1 fill above happens before the active entries below (same memory)
   for (int e = tid; e < num_e; e += kThreads) {
-    if (active_at[e] >= 0) p.active[active_at[e]] = e;
+    if (active_at[e] >= 0) p.out.active[active_at[e]] = e;
   }
   for (int i = tid; i < total; i += kThreads) {
     const int e = p.experts[i];
     if (e >= 0 && e < num_e) {
       const int slot = offset[e] + atomicAdd(&fill[e], 1);
-      p.slot_token[slot] = i / p.top_k;
-      p.token_slot[i] = slot;
+      p.out.slot_token[slot] = i / p.top_k;
+      p.out.token_slot[i] = slot;
     } else {
-      p.token_slot[i] = -1;
+      p.out.token_slot[i] = -1;
     }
   }
-  if (tid == 0 && bad) *p.error = 1;
+  if (tid == 0 && bad) *p.out.error = 1;
 }
 
 absl::Status Invalid(const std::string& what) {
@@ -104,9 +104,7 @@ absl::Status ValidateMoeAlignParams(const MoeAlignParams& p) {
   if (static_cast<int64_t>(p.num_tokens) * p.top_k > (int64_t{1} << 30)) {
     return Invalid("too many choices");
   }
-  if (p.experts == nullptr || p.expert_count == nullptr || p.expert_offset == nullptr ||
-      p.active == nullptr || p.num_active == nullptr || p.slot_token == nullptr ||
-      p.token_slot == nullptr || p.error == nullptr) {
+  if (p.experts == nullptr || MoeAlignmentArraysSet(p.out) != kMoeAlignmentArrays) {
     return Invalid("every pointer must be set");
   }
   return absl::OkStatus();

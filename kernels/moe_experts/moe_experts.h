@@ -31,6 +31,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "kernels/moe_router/moe_router.h"
 
 namespace strata::kernels {
 
@@ -41,13 +42,7 @@ struct MoeAlignParams {
   int top_k = 0;
   int num_experts = 0;               // 1..kMoeAlignMaxExperts
   const int32_t* experts = nullptr;  // [num_tokens][top_k]
-  int32_t* expert_count = nullptr;   // [num_experts]
-  int32_t* expert_offset = nullptr;  // [num_experts + 1]
-  int32_t* active = nullptr;         // [num_experts] (entries past *num_active: -1)
-  int32_t* num_active = nullptr;     // [1]
-  int32_t* slot_token = nullptr;     // [num_tokens * top_k]
-  int64_t* token_slot = nullptr;     // [num_tokens][top_k]
-  int32_t* error = nullptr;          // [1]
+  MoeAlignment out;                  // every array set
 };
 
 absl::Status ValidateMoeAlignParams(const MoeAlignParams& params);

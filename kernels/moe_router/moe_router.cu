@@ -1,6 +1,6 @@
 // MoE router: one warp per token, scores and choices in shared memory; top-k by k rounds of a warp
 // arg-max (value descending, index ascending on ties), as cpu::RouteToken's partial sort orders;
-// for one token optionally its alignment (MoeRouterAlign) from the same warp.
+// for one token optionally its alignment (MoeAlignment) from the same warp.
 #include <cmath>
 #include <string>
 
@@ -30,9 +30,9 @@ __device__ __forceinline__ void WarpArgMax(float& v, int& i) {
   }
 }
 
-// MoeRouterAlign for the one token routed by this warp; lane k < top_k holds choice k. Every
+// The alignment of the one token routed by this warp; lane k < top_k holds choice k. Every
 // global write has one owner (no ordering between lanes needed).
-__device__ void AlignOneToken(const MoeRouterAlign& a, int num_experts, int top_k, int expert,
+__device__ void AlignOneToken(const MoeAlignment& a, int num_experts, int top_k, int expert,
                               int lane) {
   const bool valid = lane < top_k && expert >= 0 && expert < num_experts;
   const unsigned valid_mask = __ballot_sync(0xffffffffu, valid);
@@ -189,16 +189,9 @@ absl::Status ValidateMoeRouterParams(const MoeRouterParams& p) {
   }
   if (p.ld_logits < p.num_experts) return Invalid("ld_logits < num_experts");
   if (!std::isfinite(p.routed_scaling_factor)) return Invalid("routed_scaling_factor not finite");
-  const MoeRouterAlign& a = p.align;
-  if (a.expert_count != nullptr || a.expert_offset != nullptr || a.active != nullptr ||
-      a.num_active != nullptr || a.slot_token != nullptr || a.token_slot != nullptr ||
-      a.error != nullptr) {
+  if (const int set = MoeAlignmentArraysSet(p.align); set > 0) {
     if (p.num_tokens != 1) return Invalid("align outputs are for one-token calls only");
-    if (a.expert_count == nullptr || a.expert_offset == nullptr || a.active == nullptr ||
-        a.num_active == nullptr || a.slot_token == nullptr || a.token_slot == nullptr ||
-        a.error == nullptr) {
-      return Invalid("align: every pointer must be set, or none");
-    }
+    if (set != kMoeAlignmentArrays) return Invalid("align: every array must be set, or none");
   }
   return absl::OkStatus();
 }

@@ -15,7 +15,7 @@
 //
 // A one-token call (a batch-1 decode step) can also write what LaunchMoeAlign
 // (kernels/moe_experts/moe_experts.h) would for its choices, so no alignment launch follows it
-// on the step's critical path (MoeRouterAlign below).
+// on the step's critical path (MoeAlignment below).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -32,20 +32,31 @@ enum class MoeTopkMethod { kGreedy = 0, kGroupLimitedGreedy = 1, kNoauxTc = 2 };
 inline constexpr int kMoeMaxExperts = 512;
 inline constexpr int kMoeMaxTopK = 32;
 
-// LaunchMoeAlign's outputs for one token's choices, written by the router's warp. The contract of
-// MoeAlignParams holds with two differences: the active experts are listed in choice order (slot
-// i holds the i-th valid choice), not ascending, and expert_offset is written for the chosen
-// experts and at [num_experts] only. A choice outside [0, num_experts) (NaN logits) gets
-// token_slot -1 and sets *error, as there.
-struct MoeRouterAlign {
+// The alignment of a routing into per-expert slot groups (device arrays; their contents are
+// LaunchMoeAlign's, kernels/moe_experts/moe_experts.h). The router's warp writes them for a
+// one-token call with two differences: the active experts are listed in choice order (slot i
+// holds the i-th valid choice), not ascending, and expert_offset is written for the chosen experts
+// and at [num_experts] only. A choice outside [0, num_experts) gets token_slot -1 and sets *error
+// in both.
+struct MoeAlignment {
   int32_t* expert_count = nullptr;   // [num_experts]
   int32_t* expert_offset = nullptr;  // [num_experts + 1]
-  int32_t* active = nullptr;         // [num_experts]
+  int32_t* active = nullptr;         // [num_experts] (entries past *num_active: -1)
   int32_t* num_active = nullptr;     // [1]
-  int32_t* slot_token = nullptr;     // [top_k]
-  int64_t* token_slot = nullptr;     // [top_k]
+  int32_t* slot_token = nullptr;     // [num_tokens * top_k]
+  int64_t* token_slot = nullptr;     // [num_tokens][top_k]
   int32_t* error = nullptr;          // [1]
 };
+
+// How many of the alignment's 7 arrays are set (host-side checks: all or none).
+inline int MoeAlignmentArraysSet(const MoeAlignment& a) {
+  const void* arrays[] = {a.expert_count, a.expert_offset, a.active, a.num_active,
+                          a.slot_token,   a.token_slot,    a.error};
+  int set = 0;
+  for (const void* p : arrays) set += p != nullptr;
+  return set;
+}
+inline constexpr int kMoeAlignmentArrays = 7;
 
 struct MoeRouterParams {
   int num_tokens = 0;
@@ -62,8 +73,8 @@ struct MoeRouterParams {
   const float* bias = nullptr;  // [num_experts] or null (used by noaux_tc only)
   int32_t* experts = nullptr;   // [num_tokens][top_k]
   float* weights = nullptr;     // [num_tokens][top_k]
-  // Set (every pointer) for num_tokens == 1 only: the alignment of the choices (see above).
-  MoeRouterAlign align;
+  // Set (every array) for num_tokens == 1 only: the alignment of the choices (see above).
+  MoeAlignment align;
 };
 
 absl::Status ValidateMoeRouterParams(const MoeRouterParams& params);

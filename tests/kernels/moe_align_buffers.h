@@ -26,13 +26,13 @@ struct MoeAlignBuffers {
     params.top_k = top_k;
     params.num_experts = experts;
     params.experts = this->ids.get<int32_t>();
-    params.expert_count = count.get<int32_t>();
-    params.expert_offset = offset.get<int32_t>();
-    params.active = active.get<int32_t>();
-    params.num_active = num_active.get<int32_t>();
-    params.slot_token = slot_token.get<int32_t>();
-    params.token_slot = token_slot.get<int64_t>();
-    params.error = error.get<int32_t>();
+    params.out = {.expert_count = count.get<int32_t>(),
+                  .expert_offset = offset.get<int32_t>(),
+                  .active = active.get<int32_t>(),
+                  .num_active = num_active.get<int32_t>(),
+                  .slot_token = slot_token.get<int32_t>(),
+                  .token_slot = token_slot.get<int64_t>(),
+                  .error = error.get<int32_t>()};
   }
 
   DeviceBuffer ids, count, offset, active, num_active, slot_token, token_slot, error;

@@ -129,11 +129,11 @@ void RunCase(const Case& c, MoeExpertsTest& t, std::vector<float>& x_host,
   p.ld_x = ld_x;
   p.weights = d_w.get<__nv_bfloat16>();
   p.expert_stride = stride;
-  p.expert_count = a.expert_count;
-  p.expert_offset = a.expert_offset;
-  p.active = a.active;
-  p.num_active = a.num_active;
-  p.slot_token = a.slot_token;
+  p.expert_count = a.out.expert_count;
+  p.expert_offset = a.out.expert_offset;
+  p.active = a.out.active;
+  p.num_active = a.out.num_active;
+  p.slot_token = a.out.slot_token;
   p.act = d_act.get<__nv_bfloat16>();
   p.out = d_out.get<__nv_bfloat16>();
   p.weights_static = c.weights_static;

@@ -96,8 +96,8 @@ class MoeGroupedTest : public ::testing::Test {
     p.ld_x = ld_x;
     p.weights = d_w.get<__nv_bfloat16>();
     p.expert_stride = stride;
-    p.expert_offset = a.expert_offset;
-    p.slot_token = a.slot_token;
+    p.expert_offset = a.out.expert_offset;
+    p.slot_token = a.out.slot_token;
     p.schedule = d_schedule.get();
     p.xs = d_xs.get<__nv_bfloat16>();
     p.act = d_act.get<__nv_bfloat16>();

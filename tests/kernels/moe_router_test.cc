@@ -3,7 +3,7 @@
 // (softmax, greedy) routers plus an odd small one (label gpu: SKIPPED without a GPU). Both sides
 // compute the scores in double and round to fp32, so the chosen experts must be identical, in
 // order; weights agree to fp32 rounding. Outputs are poisoned before the launch. One-token calls
-// also write their alignment (MoeRouterAlign), checked against the chosen experts.
+// also write their alignment (MoeAlignment), checked against the chosen experts.
 #include "kernels/moe_router/moe_router.h"
 
 #include <gtest/gtest.h>
@@ -33,46 +33,36 @@ struct RouterCase {
   double scale;
 };
 
-// MoeRouterAlign over the (poisoned) output arrays MoeAlignBuffers holds for LaunchMoeAlign.
-struct AlignBuffers : testing::MoeAlignBuffers {
-  AlignBuffers(int experts, int top_k)
-      : MoeAlignBuffers(std::vector<int32_t>(top_k, 0), 1, top_k, experts) {
-    outputs.expert_count = count.get<int32_t>();
-    outputs.expert_offset = offset.get<int32_t>();
-    outputs.active = active.get<int32_t>();
-    outputs.num_active = num_active.get<int32_t>();
-    outputs.slot_token = slot_token.get<int32_t>();
-    outputs.token_slot = token_slot.get<int64_t>();
-    outputs.error = error.get<int32_t>();
-  }
+// The (poisoned) alignment arrays of a one-token call.
+testing::MoeAlignBuffers OneTokenAlignment(int experts, int top_k) {
+  return testing::MoeAlignBuffers(std::vector<int32_t>(top_k, 0), 1, top_k, experts);
+}
 
-  // choices: the router's experts[0][0:top_k], every one valid.
-  void Check(const std::vector<int32_t>& choices, int experts, int top_k) const {
-    const auto c = count.Download<int32_t>(), o = offset.Download<int32_t>(),
-               a = active.Download<int32_t>(), st = slot_token.Download<int32_t>();
-    const auto ts = token_slot.Download<int64_t>();
-    EXPECT_EQ(num_active.Download<int32_t>()[0], top_k);
-    EXPECT_EQ(error.Download<int32_t>()[0], 0);
-    EXPECT_EQ(o[experts], top_k);
-    std::vector<int> chosen(experts, 0), slot_used(top_k, 0);
-    for (int k = 0; k < top_k; ++k) {
-      const int e = choices[k];
-      ASSERT_TRUE(e >= 0 && e < experts) << e;
-      ++chosen[e];
-      const int64_t slot = ts[k];
-      ASSERT_TRUE(slot >= 0 && slot < top_k) << "choice " << k << " slot " << slot;
-      ++slot_used[slot];
-      EXPECT_EQ(a[slot], e) << "slot " << slot;
-      EXPECT_EQ(o[e], slot) << "expert " << e;
-      EXPECT_EQ(st[slot], 0) << "slot " << slot;
-    }
-    for (int k = 0; k < top_k; ++k) EXPECT_EQ(slot_used[k], 1) << "slot " << k;
-    for (int e = 0; e < experts; ++e) EXPECT_EQ(c[e], chosen[e]) << "expert " << e;
-    for (int i = top_k; i < experts; ++i) EXPECT_EQ(a[i], -1) << "active " << i;
+// The alignment the router wrote against its choices (experts[0][0:top_k], every one valid).
+void CheckAlignment(const testing::MoeAlignBuffers& b, const std::vector<int32_t>& choices,
+                    int experts, int top_k) {
+  const auto c = b.count.Download<int32_t>(), o = b.offset.Download<int32_t>(),
+             a = b.active.Download<int32_t>(), st = b.slot_token.Download<int32_t>();
+  const auto ts = b.token_slot.Download<int64_t>();
+  EXPECT_EQ(b.num_active.Download<int32_t>()[0], top_k);
+  EXPECT_EQ(b.error.Download<int32_t>()[0], 0);
+  EXPECT_EQ(o[experts], top_k);
+  std::vector<int> chosen(experts, 0), slot_used(top_k, 0);
+  for (int k = 0; k < top_k; ++k) {
+    const int e = choices[k];
+    ASSERT_TRUE(e >= 0 && e < experts) << e;
+    ++chosen[e];
+    const int64_t slot = ts[k];
+    ASSERT_TRUE(slot >= 0 && slot < top_k) << "choice " << k << " slot " << slot;
+    ++slot_used[slot];
+    EXPECT_EQ(a[slot], e) << "slot " << slot;
+    EXPECT_EQ(o[e], slot) << "expert " << e;
+    EXPECT_EQ(st[slot], 0) << "slot " << slot;
   }
-
-  MoeRouterAlign outputs;
-};
+  for (int k = 0; k < top_k; ++k) EXPECT_EQ(slot_used[k], 1) << "slot " << k;
+  for (int e = 0; e < experts; ++e) EXPECT_EQ(c[e], chosen[e]) << "expert " << e;
+  for (int i = top_k; i < experts; ++i) EXPECT_EQ(a[i], -1) << "active " << i;
+}
 
 class MoeRouterTest : public ::testing::Test {
  protected:
@@ -120,14 +110,14 @@ class MoeRouterTest : public ::testing::Test {
     p.bias = use_bias ? dbias.get<float>() : nullptr;
     p.experts = dexperts.get<int32_t>();
     p.weights = dweights.get<float>();
-    AlignBuffers align(rc.experts, rc.top_k);
-    if (tokens == 1) p.align = align.outputs;
+    testing::MoeAlignBuffers align = OneTokenAlignment(rc.experts, rc.top_k);
+    if (tokens == 1) p.align = align.params.out;
     const absl::Status st = LaunchMoeRouter(p, nullptr);
     ASSERT_TRUE(st.ok()) << st;
     ASSERT_CUDA_OK(cudaDeviceSynchronize());
     const auto got_e = dexperts.Download<int32_t>();
     const auto got_w = dweights.Download<float>();
-    if (tokens == 1) align.Check(got_e, rc.experts, rc.top_k);
+    if (tokens == 1) CheckAlignment(align, got_e, rc.experts, rc.top_k);
 
     int64_t expert_mismatch = 0, weight_bad = 0;
     double max_rel = 0;
@@ -216,7 +206,7 @@ TEST_F(MoeRouterTest, OneTokenAlignFlagsNanLogits) {
   constexpr int kExperts = 64, kTopK = 6;
   DeviceBuffer logits(std::vector<float>(kExperts, std::nanf(""))), experts(kTopK * 4),
       weights(kTopK * 4);
-  AlignBuffers align(kExperts, kTopK);
+  testing::MoeAlignBuffers align = OneTokenAlignment(kExperts, kTopK);
   MoeRouterParams p;
   p.num_tokens = 1;
   p.num_experts = kExperts;
@@ -228,7 +218,7 @@ TEST_F(MoeRouterTest, OneTokenAlignFlagsNanLogits) {
   p.ld_logits = kExperts;
   p.experts = experts.get<int32_t>();
   p.weights = weights.get<float>();
-  p.align = align.outputs;
+  p.align = align.params.out;
   const absl::Status st = LaunchMoeRouter(p, nullptr);
   ASSERT_TRUE(st.ok()) << st;
   ASSERT_CUDA_OK(cudaDeviceSynchronize());

@@ -179,7 +179,8 @@ TEST(SmallKernelsParamsTest, KvPages) {
   EXPECT_FALSE(ValidateKvPagesParams(p).ok());
 }
 
-TEST(SmallKernelsParamsTest, MoeRouter) {
+// A valid one-token DeepSeek-V3 router call.
+MoeRouterParams ValidRouter() {
   MoeRouterParams p;
   p.num_tokens = 1;
   p.num_experts = 256;
@@ -190,6 +191,11 @@ TEST(SmallKernelsParamsTest, MoeRouter) {
   p.ld_logits = 256;
   p.experts = Fake<int32_t>();
   p.weights = Fake<float>();
+  return p;
+}
+
+TEST(SmallKernelsParamsTest, MoeRouter) {
+  MoeRouterParams p = ValidRouter();
   EXPECT_TRUE(ValidateMoeRouterParams(p).ok());
   p.num_experts = 100;  // 8 groups do not divide 100
   p.ld_logits = 100;
@@ -199,21 +205,14 @@ TEST(SmallKernelsParamsTest, MoeRouter) {
 }
 
 TEST(SmallKernelsParamsTest, MoeRouterAlignIsOneTokenAndComplete) {
-  MoeRouterParams p;
-  p.num_tokens = 1;
-  p.num_experts = 64;
-  p.top_k = 6;
-  p.logits = Fake<float>();
-  p.ld_logits = 64;
-  p.experts = Fake<int32_t>();
-  p.weights = Fake<float>();
-  p.align.expert_count = Fake<int32_t>();
-  p.align.expert_offset = Fake<int32_t>();
-  p.align.active = Fake<int32_t>();
-  p.align.num_active = Fake<int32_t>();
-  p.align.slot_token = Fake<int32_t>();
-  p.align.token_slot = Fake<int64_t>();
-  p.align.error = Fake<int32_t>();
+  MoeRouterParams p = ValidRouter();
+  p.align = {.expert_count = Fake<int32_t>(),
+             .expert_offset = Fake<int32_t>(),
+             .active = Fake<int32_t>(),
+             .num_active = Fake<int32_t>(),
+             .slot_token = Fake<int32_t>(),
+             .token_slot = Fake<int64_t>(),
+             .error = Fake<int32_t>()};
   EXPECT_TRUE(ValidateMoeRouterParams(p).ok());
   p.num_tokens = 2;
   EXPECT_FALSE(ValidateMoeRouterParams(p).ok());

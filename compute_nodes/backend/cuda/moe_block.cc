@@ -158,15 +158,7 @@ absl::StatusOr<kernels::RmsNormMoeSum> MoeBlock::Forward(int64_t layer, const De
     p.bias = L.score_bias;
     p.experts = experts_.as<int32_t>();
     p.weights = weights_.as<float>();
-    if (router_aligns) {
-      p.align.expert_count = count_.as<int32_t>();
-      p.align.expert_offset = offset_.as<int32_t>();
-      p.align.active = active_.as<int32_t>();
-      p.align.num_active = num_active_.as<int32_t>() + layer;
-      p.align.slot_token = slot_token_.as<int32_t>();
-      p.align.token_slot = token_slot_.as<int64_t>();
-      p.align.error = error_.as<int32_t>();
-    }
+    if (router_aligns) p.align = Alignment(layer);
     RETURN_IF_ERROR(kernels::LaunchMoeRouter(p, s_));
   }
   const int64_t* token_slot;
@@ -197,14 +189,18 @@ absl::Status MoeBlock::Align(int64_t layer, int64_t n) {
   a.top_k = static_cast<int>(c_.num_experts_per_tok);
   a.num_experts = static_cast<int>(c_.n_routed_experts);
   a.experts = experts_.as<int32_t>();
-  a.expert_count = count_.as<int32_t>();
-  a.expert_offset = offset_.as<int32_t>();
-  a.active = active_.as<int32_t>();
-  a.num_active = num_active_.as<int32_t>() + layer;
-  a.slot_token = slot_token_.as<int32_t>();
-  a.token_slot = token_slot_.as<int64_t>();
-  a.error = error_.as<int32_t>();
+  a.out = Alignment(layer);
   return kernels::LaunchMoeAlign(a, s_);
+}
+
+kernels::MoeAlignment MoeBlock::Alignment(int64_t layer) {
+  return {.expert_count = count_.as<int32_t>(),
+          .expert_offset = offset_.as<int32_t>(),
+          .active = active_.as<int32_t>(),
+          .num_active = num_active_.as<int32_t>() + layer,
+          .slot_token = slot_token_.as<int32_t>(),
+          .token_slot = token_slot_.as<int64_t>(),
+          .error = error_.as<int32_t>()};
 }
 
 absl::Status MoeBlock::RouteGrouped(const DeviceLayer& L, const bf16* xn, int64_t n) {

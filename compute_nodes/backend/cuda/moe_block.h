@@ -35,6 +35,7 @@
 #include "compute_nodes/backend/cuda/device_weights.h"
 #include "compute_nodes/backend/cuda/step_util.h"
 #include "compute_nodes/model/model_config.h"
+#include "kernels/moe_router/moe_router.h"
 #include "kernels/norm_rope/rms_norm.h"
 
 namespace strata::cuda {
@@ -66,6 +67,9 @@ class MoeBlock {
   absl::Status RouteOnDevice(int64_t layer, const DeviceLayer& L, const __nv_bfloat16* xn,
                              int64_t n);
   absl::Status Align(int64_t layer, int64_t n);
+  // The alignment arrays (layer's entry of the active counts), as LaunchMoeAlign or a one-token
+  // router writes them.
+  kernels::MoeAlignment Alignment(int64_t layer);
   absl::Status RouteGrouped(const DeviceLayer& L, const __nv_bfloat16* xn, int64_t n);
   absl::Status RouteOnHost(int64_t layer, const DeviceLayer& L, const __nv_bfloat16* xn, int64_t n);
 
