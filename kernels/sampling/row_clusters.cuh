@@ -18,17 +18,19 @@ inline constexpr int kMaxRowCluster = 8;   // the portable cluster size
 inline constexpr int kMinRowSlice = 8192;  // elements per block worth a block of its own
 
 struct RowClusters {
-  int blocks = 1;  // per row
-  int per = 0;     // elements of each block's slice
+  int blocks = 1;   // per row
+  int per = 0;      // elements of each block's slice
+  size_t smem = 0;  // dynamic shared memory per block
 };
 
 // A launch of `grid` blocks of `threads` in clusters of `blocks` (`attr` holds the cluster
 // dimension and must outlive the config).
-inline cudaLaunchConfig_t ClusterLaunch(unsigned grid, int threads, int blocks, cudaStream_t stream,
-                                        cudaLaunchAttribute* attr) {
+inline cudaLaunchConfig_t ClusterLaunch(unsigned grid, int threads, int blocks, size_t smem,
+                                        cudaStream_t stream, cudaLaunchAttribute* attr) {
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(grid);
   config.blockDim = dim3(static_cast<unsigned>(threads));
+  config.dynamicSmemBytes = smem;
   config.stream = stream;
   *attr = cudaLaunchAttribute{};
   attr->id = cudaLaunchAttributeClusterDimension;
@@ -47,13 +49,14 @@ inline cudaLaunchConfig_t ClusterLaunch(unsigned grid, int threads, int blocks, 
 // until it can, down to one block a row.
 template <typename... Params>
 absl::StatusOr<RowClusters> PlanRowClusters(const char* who, int rows, int vocab, int threads,
-                                            void (*kernel)(Params...)) {
+                                            void (*kernel)(Params...), size_t smem = 0) {
   int device = 0, sms = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err == cudaSuccess)
     err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   if (err != cudaSuccess) return absl::InternalError(std::string(who) + cudaGetErrorString(err));
   RowClusters c;
+  c.smem = smem;
   c.blocks = std::min({kMaxRowCluster, std::max(1, sms / std::max(1, rows)),
                        std::max(1, (vocab + kMinRowSlice - 1) / kMinRowSlice)});
   if (rows > 0x7fffffff / kMaxRowCluster) c.blocks = 1;
@@ -61,10 +64,18 @@ absl::StatusOr<RowClusters> PlanRowClusters(const char* who, int rows, int vocab
   // on this thread (the decode steps' graphs launch these kernels).
   cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
   cudaThreadExchangeStreamCaptureMode(&mode);
+  if (smem > 48 * 1024) {  // past the default limit: the kernel's opt-in, on this device
+    err = cudaFuncSetAttribute(reinterpret_cast<const void*>(kernel),
+                               cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem));
+    if (err != cudaSuccess) {
+      cudaThreadExchangeStreamCaptureMode(&mode);
+      return absl::InternalError(std::string(who) + cudaGetErrorString(err));
+    }
+  }
   while (c.blocks > 1) {
     cudaLaunchAttribute cluster;
     const cudaLaunchConfig_t config =
-        ClusterLaunch(static_cast<unsigned>(c.blocks), threads, c.blocks, nullptr, &cluster);
+        ClusterLaunch(static_cast<unsigned>(c.blocks), threads, c.blocks, smem, nullptr, &cluster);
     int clusters = 0;
     err = cudaOccupancyMaxActiveClusters(&clusters, reinterpret_cast<const void*>(kernel), &config);
     if (err != cudaSuccess) {
@@ -86,7 +97,7 @@ absl::Status LaunchRowClusters(const char* who, const RowClusters& c, int rows, 
   cudaLaunchAttribute cluster;
   const cudaLaunchConfig_t config =
       ClusterLaunch(static_cast<unsigned>(rows) * static_cast<unsigned>(c.blocks), threads,
-                    c.blocks, stream, &cluster);
+                    c.blocks, c.smem, stream, &cluster);
   cudaError_t err = cudaLaunchKernelEx(&config, kernel, args...);
   if (err == cudaSuccess) err = cudaGetLastError();
   if (err != cudaSuccess) return absl::InternalError(std::string(who) + cudaGetErrorString(err));

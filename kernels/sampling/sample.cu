@@ -45,8 +45,11 @@ __device__ __forceinline__ float Value(uint32_t key) {
 }
 
 struct Shared {
-  uint32_t count[kBins];
-  double mass[kBins];
+  // Two histograms, passes alternating between them: a pass clears the one the pass before the
+  // last used, which every block has read by the time it passed the last pass's cluster barrier,
+  // so one barrier per pass (after the histograms are built) orders it.
+  uint32_t count[2][kBins];
+  double mass[2][kBins];
   union {
     cub::BlockScan<double, kThreads>::TempStorage scan;
     cub::BlockScan<int, kThreads>::TempStorage iscan;
@@ -151,24 +154,26 @@ class Row {
         part(b0, reuse->c0, reuse->m0, c0, m0);
         part(b1, reuse->c1, reuse->m1, c1, m1);
       } else {
+        const int h = buf_;
+        buf_ ^= 1;
         for (int b = threadIdx.x; b < kBins; b += kThreads) {
-          sh_.count[b] = 0;
-          sh_.mass[b] = 0;
+          sh_.count[h][b] = 0;
+          sh_.mass[h][b] = 0;
         }
         __syncthreads();
         ForEach([&](int, float x) {
           const uint32_t k = Key(x);
           if (k <= floor || (k & mask) != prefix) return;
           const uint32_t d = (k >> shift) & digit_mask;
-          atomicAdd(&sh_.count[d], 1u);
-          if (by_mass) atomicAdd(&sh_.mass[d], Weight(x, mx, t));
+          atomicAdd(&sh_.count[h][d], 1u);
+          if (by_mass) atomicAdd(&sh_.mass[h][d], Weight(x, mx, t));
         });
         cluster_.sync();  // every block's histogram is complete
 #pragma unroll 8          // the cluster's blocks (up to 8): their loads in flight together
         for (unsigned r = 0; r < ranks; ++r) {
           const Shared& o = at_rank(r);
-          if (b0 >= 0) c0 += o.count[b0], m0 += o.mass[b0];
-          if (b1 >= 0) c1 += o.count[b1], m1 += o.mass[b1];
+          if (b0 >= 0) c0 += o.count[h][b0], m0 += o.mass[h][b0];
+          if (b1 >= 0) c1 += o.count[h][b1], m1 += o.mass[h][b1];
         }
       }
       if (pass == 0 && keep != nullptr) *keep = {c0, c1, m0, m1, -1, 0.0};
@@ -198,7 +203,6 @@ class Row {
       __syncthreads();
       if (sh_.found < 0) {
         if (pass == 0 && floor_count > 0) {  // past everything above the floor: its tie group
-          if (!derived) cluster_.sync();     // every block has read the histograms
           return {floor, above + total, floor_count, candidates, target};
         }
         // Past the total (rounding): the last candidate of this range, the lowest nonempty bin.
@@ -223,8 +227,6 @@ class Row {
       prefix |= static_cast<uint32_t>(d) << shift;
       mask |= digit_mask << shift;
       if (pass == 0 && keep != nullptr) keep->bin = d;
-      // Every block has read the histograms before the next pass clears them.
-      if (!derived) cluster_.sync();
       if (pass == 2) {
         if (keep != nullptr) keep->within = within;
         return {prefix, above, at_count, candidates, target};
@@ -274,11 +276,13 @@ class Row {
   int v_, lo_, hi_;
   Shared& sh_;
   cg::cluster_group cluster_;
+  int buf_ = 0;  // the histogram the next pass fills
 };
 
 // Blocks of one row: the row's slice of `per` elements (a multiple of 4) each.
 __global__ void __launch_bounds__(kThreads) SampleKernel(SampleParams p, int per) {
-  __shared__ Shared sh;
+  extern __shared__ __align__(16) unsigned char smem[];  // 48 KB of histograms: dynamic
+  Shared& sh = *reinterpret_cast<Shared*>(smem);
   cg::cluster_group cluster = cg::this_cluster();
   const unsigned rank = cluster.block_rank(), ranks = cluster.num_blocks();
   const int r = blockIdx.x / ranks;
@@ -401,8 +405,8 @@ absl::Status ValidateSampleParams(const SampleParams& p) {
 absl::Status LaunchSample(const SampleParams& p, cudaStream_t stream) {
   if (absl::Status st = ValidateSampleParams(p); !st.ok()) return st;
   if (p.rows == 0) return absl::OkStatus();
-  const absl::StatusOr<sampling_detail::RowClusters> c =
-      sampling_detail::PlanRowClusters("LaunchSample: ", p.rows, p.vocab, kThreads, SampleKernel);
+  const absl::StatusOr<sampling_detail::RowClusters> c = sampling_detail::PlanRowClusters(
+      "LaunchSample: ", p.rows, p.vocab, kThreads, SampleKernel, sizeof(Shared));
   if (!c.ok()) return c.status();
   return sampling_detail::LaunchRowClusters("LaunchSample: ", *c, p.rows, kThreads, stream,
                                             SampleKernel, p, c->per);
