@@ -46,6 +46,7 @@ struct Args {
   std::string preset = "v2-lite-shape", model_dir, batches = "1,16,64", json;
   int64_t context = 1024, steps = 20, num_layers = 0;
   bool cuda_graphs = true;
+  bool fold_norms = true;
   int64_t moe_device_max_tokens = 256;
   int64_t concurrent_loads = 0;  // pages
 };
@@ -66,6 +67,7 @@ void Run(const Args& a) {
   cuda::CudaEngineOptions options;
   options.num_pages = max_b * pages_per_seq;
   options.cuda_graphs = a.cuda_graphs;
+  options.fold_norms = a.fold_norms;
   options.moe_device_max_tokens = a.moe_device_max_tokens;
   if (auto st = cuda::CudaAvailable(); !st.ok()) Fail(2, StrCat("bench decode: ", st.message()));
   const auto t0 = std::chrono::steady_clock::now();
@@ -102,6 +104,7 @@ void Run(const Args& a) {
   report["num_layers"] = c.num_hidden_layers;
   report["context"] = a.context;
   report["cuda_graphs"] = a.cuda_graphs;
+  report["fold_norms"] = a.fold_norms;
   report["moe_device_max_tokens"] = a.moe_device_max_tokens;
   report["hbm_bytes_per_second"] = kHbmBytesPerSecond;
   report["ratios"] = nlohmann::json::object();
@@ -238,6 +241,9 @@ void RegisterBenchDecodeCommand(CLI::App& app) {
   cmd->add_option("--num-layers", a->num_layers, "Keep only the first N layers of the preset");
   cmd->add_option("--json", a->json, "Write the figures as JSON to this file");
   cmd->add_option("--cuda-graphs", a->cuda_graphs, "Capture and replay decode steps (0: off)")
+      ->default_val(true);
+  cmd->add_option("--fold-norms", a->fold_norms,
+                  "One-row steps: the projections after a norm form its row (0: norm kernels)")
       ->default_val(true);
   cmd->add_option("--moe-device-max-tokens", a->moe_device_max_tokens,
                   "Device-side MoE routing up to this many tokens (0: always via the host)")

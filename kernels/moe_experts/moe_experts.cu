@@ -18,6 +18,7 @@
 #include "kernels/common/pdl.cuh"
 #include "kernels/common/sm80_ptx.cuh"
 #include "kernels/moe_experts/moe_experts.h"
+#include "kernels/norm_rope/rms_norm_row.cuh"
 
 namespace strata::kernels {
 namespace {
@@ -34,10 +35,13 @@ constexpr int kStepK = 64;  // 4 lanes x 2 vectors x 8 elements
 // kMT: 16-row weight tiles per CTA. At 2, a gate|up CTA takes 16 features (its gate rows in
 // tile 0, up rows in tile 1), a down CTA 32 rows; at 1, a gate|up CTA takes 8 features (gate
 // rows g, up rows g + 8 of the one tile), a down CTA 16 rows.
-template <int kNT, bool kGateUp, int kDepth, bool kEarly = false, int kMT = 2>
+// kNorm: the one token row is formed from p.norm_in in shared memory (MoeNormIn), after the
+// launch wait and, with kEarly, while the first weights are in flight.
+template <int kNT, bool kGateUp, int kDepth, bool kEarly = false, int kMT = 2, bool kNorm = false>
 __global__ void __launch_bounds__(kThreads, 2) MoeExpertsKernel(MoeExpertsParams p) {
   static_assert(!kEarly || !kGateUp, "the gate|up kernel's experts come from the kernel before");
   static_assert(kMT == 1 || kMT == 2);
+  static_assert(!kNorm || kNT == 1, "a formed input is one token row");
   static_assert(kDepth * kMT <= 4, "two CTAs per SM: at most 4 tile-steps of weights in registers");
   __shared__ float red[kWarps][kMT][kNT][4][32];
   if constexpr (!kEarly) PdlGridSync();
@@ -102,6 +106,16 @@ __global__ void __launch_bounds__(kThreads, 2) MoeExpertsKernel(MoeExpertsParams
     }
     PdlGridSync();
   }
+  const uint4* formed = nullptr;  // kNorm: the input row
+  if constexpr (kNorm) {
+    __shared__ uint4 row[kMoeNormInMaxDim / 8];
+    __shared__ norm_row::MoeChoices choices;
+    __shared__ float scratch[kWarps];
+    const bool writer =
+        p.norm_in.writes && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0;
+    norm_row::NormRowInto<kThreads>(p.norm_in.params, writer, row, choices, scratch);
+    formed = row;
+  }
 
   for (int chunk = 0; chunk < count; chunk += 8 * kNT) {
     const int left = count - chunk;
@@ -113,7 +127,9 @@ __global__ void __launch_bounds__(kThreads, 2) MoeExpertsKernel(MoeExpertsParams
       const int t = nt * 8 + g;
       xok[nt] = t < left;
       const int slot = first + chunk + (xok[nt] ? t : 0);
-      if (kGateUp) {
+      if (kNorm) {
+        xrow[nt] = formed;
+      } else if (kGateUp) {
         const int64_t token = p.identity ? slot : p.slot_token[slot];
         xrow[nt] = reinterpret_cast<const uint4*>(p.x + token * p.ld_x);
       } else {
@@ -219,11 +235,46 @@ absl::Status Invalid(const std::string& what) {
   return absl::InvalidArgumentError("LaunchMoeExperts: " + what);
 }
 
+// Whether the dim-element rows at a and b share an element.
+bool Overlap(const __nv_bfloat16* a, const __nv_bfloat16* b, int dim) {
+  return a != nullptr && b != nullptr && a < b + dim && b < a + dim;
+}
+
+// What is wrong with `n` for a launch of `tokens` rows of dim-wide input ("" when nothing is).
+std::string NormInProblem(const MoeNormIn& n, int tokens, int dim) {
+  const RmsNormParams& q = n.params;
+  if (q.rows == 0) return "";
+  if (q.rows != 1 || tokens != 1) return "norm_in forms one token row (rows 1, tokens 1)";
+  if (q.dim != dim) return "norm_in.dim must be the input width " + std::to_string(dim);
+  if (dim > kMoeNormInMaxDim) return "norm_in.dim must be <= " + std::to_string(kMoeNormInMaxDim);
+  if (absl::Status st = ValidateRmsNormParams(q); !st.ok()) {
+    return "norm_in: " + std::string(st.message());
+  }
+  if (n.writes) {
+    const __nv_bfloat16* inputs[] = {q.moe.top_k > 0 ? nullptr : q.x, q.residual, q.moe.shared,
+                                     q.weight};
+    for (const __nv_bfloat16* in : inputs) {
+      if (Overlap(q.residual_out, in, dim) || Overlap(q.out, in, dim)) {
+        return "norm_in.writes: residual_out and out must not overlap the norm's inputs";
+      }
+    }
+  }
+  return "";
+}
+
 // The down kernel loads its first weights before the launch wait when they are static (H200,
 // v2-lite-shape decode, greedy GPU ms, three alternating rounds: batch 1 2.411-2.416 vs
 // 2.451-2.456, batch 4 4.290-4.293 vs 4.323-4.340, batch 16 7.705-7.713 vs 7.748-7.764).
 template <int kNT, bool kGateUp, int kDepth, int kMT>
-auto* KernelFor(bool weights_static) {
+auto* KernelFor(bool weights_static, bool norm) {
+  if constexpr (kNT == 1) {  // one token row: it may be formed from a norm
+    if (norm) {
+      if constexpr (!kGateUp) {
+        if (weights_static) return MoeExpertsKernel<kNT, kGateUp, kDepth, true, kMT, true>;
+      }
+      return MoeExpertsKernel<kNT, kGateUp, kDepth, false, kMT, true>;
+    }
+  }
   if constexpr (!kGateUp) {
     if (weights_static) return MoeExpertsKernel<kNT, kGateUp, kDepth, true, kMT>;
   }
@@ -234,15 +285,16 @@ auto* KernelFor(bool weights_static) {
 // grid_y experts x grid_z batches. The deep form: one 16-row tile per CTA (gate|up: 8 features),
 // two CTAs per SM, with 4 steps in flight per warp at one token tile, 2 at two; otherwise depth 1
 // on two tiles. The kernel's tile count and the grid's CTA rows come from the same kMT here.
+// `norm`: this kernel forms its input row from p.norm_in.
 template <int kNT, bool kGateUp>
-void LaunchKernel(bool deep, int rows, unsigned grid_y, unsigned grid_z, const MoeExpertsParams& p,
-                  cudaStream_t stream) {
+void LaunchKernel(bool deep, bool norm, int rows, unsigned grid_y, unsigned grid_z,
+                  const MoeExpertsParams& p, cudaStream_t stream) {
   constexpr int kTileRows = kGateUp ? 8 : 16;  // CTA rows per 16-row weight tile
   constexpr int kDeepDepth = kNT == 1 ? 4 : 2;
-  auto* k = KernelFor<kNT, kGateUp, 1, 2>(p.weights_static);
+  auto* k = KernelFor<kNT, kGateUp, 1, 2>(p.weights_static, norm);
   int cta_rows = 2 * kTileRows;
   if (deep) {
-    k = KernelFor<kNT, kGateUp, kDeepDepth, 1>(p.weights_static);
+    k = KernelFor<kNT, kGateUp, kDeepDepth, 1>(p.weights_static, norm);
     cta_rows = kTileRows;
   }
   const dim3 grid((rows + cta_rows - 1) / cta_rows, grid_y, grid_z);
@@ -269,15 +321,16 @@ absl::Status Launch(const MoeExpertsParams& p, cudaStream_t stream, bool gate_up
   // tile (three CTAs per SM) lost everywhere. The accumulation order is s, s + kWarps,
   // s + 2 kWarps, ... in every form, so the results are equal.
   const bool deep_tiles = kNT == 1 || p.num_tokens <= kDeepTwoTileMaxTokens;
+  const bool norm = p.norm_in.params.rows != 0;  // formed by the first kernel (MoeNormIn)
   cudaError_t err = cudaSuccess;
   if (gate_up) {
-    LaunchKernel<kNT, true>(deep_tiles, p.inter, p.max_active, 1, p, stream);
+    LaunchKernel<kNT, true>(deep_tiles, norm, p.inter, p.max_active, 1, p, stream);
     err = cudaGetLastError();
   }
   if (err == cudaSuccess) {
     const int steps = (p.inter + kStepK - 1) / kStepK;
-    LaunchKernel<kNT, false>(deep_tiles && steps >= 4 * kWarps, p.hidden, p.max_active, p.batch, p,
-                             stream);
+    LaunchKernel<kNT, false>(deep_tiles && steps >= 4 * kWarps, norm && !gate_up, p.hidden,
+                             p.max_active, p.batch, p, stream);
     err = cudaGetLastError();
   }
   if (err != cudaSuccess) {
@@ -312,8 +365,16 @@ absl::Status ValidateMoeExpertsParams(const MoeExpertsParams& p) {
       return Invalid("the alignment arrays must be set");
     }
   }
-  if (p.x == nullptr || p.weights == nullptr || p.act == nullptr || p.out == nullptr) {
-    return Invalid("x, weights, act and out must be set");
+  if (const std::string problem = NormInProblem(p.norm_in, p.num_tokens, p.hidden);
+      !problem.empty()) {
+    return Invalid(problem);
+  }
+  if (p.norm_in.params.rows != 0 && (p.token_tiles != 1 || !p.identity)) {
+    return Invalid("norm_in needs token_tiles 1 and identity");
+  }
+  if ((p.x == nullptr && p.norm_in.params.rows == 0) || p.weights == nullptr ||
+      p.act == nullptr || p.out == nullptr) {
+    return Invalid("x (unless norm_in), weights, act and out must be set");
   }
   if (Misaligned(p.x) || Misaligned(p.weights) || Misaligned(p.act) || Misaligned(p.out) ||
       Misaligned(p.down)) {
@@ -328,7 +389,7 @@ absl::Status LaunchMoeExperts(const MoeExpertsParams& params, cudaStream_t strea
   return params.token_tiles == 1 ? Launch<1>(params, stream) : Launch<2>(params, stream);
 }
 
-absl::Status LaunchSkinnyGemm(const SkinnyGemmParams& g, cudaStream_t stream) {
+absl::Status ValidateSkinnyGemmParams(const SkinnyGemmParams& g) {
   if (g.tokens < 0 || g.n_out <= 0 || g.k <= 0 || g.k % 8 != 0 || g.batch <= 0 || g.batch > 65535) {
     return absl::InvalidArgumentError(
         "LaunchSkinnyGemm: tokens >= 0, n_out > 0, k a positive multiple of 8, batch 1..65535");
@@ -339,11 +400,22 @@ absl::Status LaunchSkinnyGemm(const SkinnyGemmParams& g, cudaStream_t stream) {
     return absl::InvalidArgumentError(
         "LaunchSkinnyGemm: ld_x >= k and x/w strides multiples of 8, ld_out >= n_out");
   }
-  if (g.x == nullptr || g.w == nullptr || (g.out == nullptr) == (g.out_f32 == nullptr) ||
+  const bool norm = g.norm_in.params.rows != 0;
+  if ((g.x == nullptr && !norm) || g.w == nullptr || (g.out == nullptr) == (g.out_f32 == nullptr) ||
       Misaligned(g.x) || Misaligned(g.w)) {
     return absl::InvalidArgumentError(
-        "LaunchSkinnyGemm: x and w set and 16-byte aligned, exactly one of out and out_f32");
+        "LaunchSkinnyGemm: x (unless norm_in) and w set and 16-byte aligned, exactly one of out "
+        "and out_f32");
   }
+  if (const std::string problem = NormInProblem(g.norm_in, g.tokens * g.batch, g.k); !problem.empty()) {
+    return absl::InvalidArgumentError("LaunchSkinnyGemm: " + problem);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LaunchSkinnyGemm(const SkinnyGemmParams& g, cudaStream_t stream) {
+  if (absl::Status st = ValidateSkinnyGemmParams(g); !st.ok()) return st;
+  const int64_t ld_x = g.ld_x != 0 ? g.ld_x : g.k, ld_out = g.ld_out != 0 ? g.ld_out : g.n_out;
   if (g.tokens == 0) return absl::OkStatus();
   // The down kernel of one identity-routed expert: hidden = n_out rows, inter = k.
   MoeExpertsParams p;
@@ -365,6 +437,7 @@ absl::Status LaunchSkinnyGemm(const SkinnyGemmParams& g, cudaStream_t stream) {
   p.batch_stride_in = g.batch_stride_x;
   p.batch_stride_out = g.batch_stride_out;
   p.weights_static = g.weights_static;
+  p.norm_in = g.norm_in;
   return g.tokens <= 8 ? Launch<1>(p, stream, /*gate_up=*/false)
                        : Launch<2>(p, stream, /*gate_up=*/false);
 }

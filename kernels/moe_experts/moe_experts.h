@@ -32,10 +32,24 @@
 
 #include "absl/status/status.h"
 #include "kernels/moe_router/moe_router.h"
+#include "kernels/norm_rope/rms_norm.h"
 
 namespace strata::kernels {
 
 inline constexpr int kMoeAlignMaxExperts = 1024;
+// The widest input row a launch may form from a norm (MoeNormIn).
+inline constexpr int kMoeNormInMaxDim = 7168;
+
+// A one-token launch's input row formed by every CTA itself, as LaunchRmsNorm(params) would form
+// it (bit-identical: the same routine, kernels/norm_rope/rms_norm_row.cuh), in shared memory: no
+// norm launch precedes the GEMV on the step's critical path. The launch's x is then not read.
+// With `writes`, the grid's first CTA also stores the norm's residual_out and out, for the kernels
+// after it; those must then not overlap the norm's inputs, which the other CTAs still read (the
+// residual stream alternates between two buffers instead of being updated in place).
+struct MoeNormIn {
+  RmsNormParams params;  // rows 0: off; else rows 1 and dim the launch's input width
+  bool writes = false;
+};
 
 struct MoeAlignParams {
   int num_tokens = 0;
@@ -56,8 +70,11 @@ struct MoeExpertsParams {
   int inter = 0;       // I, a multiple of 8
   // Token rows per pass: 8 * token_tiles, token_tiles 1 or 2 (pick from num_tokens).
   int token_tiles = 2;
-  const __nv_bfloat16* x = nullptr;  // [num_tokens][ld_x]
+  const __nv_bfloat16* x = nullptr;  // [num_tokens][ld_x] (not read with norm_in)
   int64_t ld_x = 0;                  // >= hidden, a multiple of 8
+  // num_tokens 1, token_tiles 1, identity only: the gate|up kernel's row x (dim hidden), or the
+  // down kernel's input row when it runs alone (LaunchSkinnyGemm, dim k), formed from a norm.
+  MoeNormIn norm_in;
   // Expert e: gate [I][H], up [I][H] (adjacent rows: one [2I][H] gate|up) then down [H][I], at
   // weights + e * expert_stride (elements, a multiple of 8).
   const __nv_bfloat16* weights = nullptr;
@@ -105,6 +122,8 @@ struct SkinnyGemmParams {
   int k = 0;  // a multiple of 8
   int batch = 1;
   const __nv_bfloat16* x = nullptr;  // [batch][tokens][ld_x] at x + b * batch_stride_x
+  // tokens 1, batch 1 only: x (dim k) formed from a norm instead (MoeNormIn); x is not read.
+  MoeNormIn norm_in;
   int64_t ld_x = 0;                  // 0: k; a multiple of 8
   const __nv_bfloat16* w = nullptr;  // [batch][n_out][k] at w + b * batch_stride_w
   __nv_bfloat16* out = nullptr;      // [batch][tokens][ld_out] at out + b * batch_stride_out
@@ -115,6 +134,7 @@ struct SkinnyGemmParams {
   // its first pass is loaded before the programmatic-launch wait (MoeExpertsParams).
   bool weights_static = false;
 };
+absl::Status ValidateSkinnyGemmParams(const SkinnyGemmParams& params);
 absl::Status LaunchSkinnyGemm(const SkinnyGemmParams& params, cudaStream_t stream);
 
 }  // namespace strata::kernels

@@ -4,119 +4,40 @@
 
 #include "kernels/common/alignment.h"
 #include "kernels/common/pdl.cuh"
-#include "kernels/common/sm80_ptx.cuh"
 #include "kernels/norm_rope/rms_norm.h"
+#include "kernels/norm_rope/rms_norm_row.cuh"
 
 namespace strata::kernels {
 namespace {
 
 constexpr int kThreads = 256;
 
-using Vec8 = Bf16x8;
-
-__device__ __forceinline__ float BlockSum(float v, float* scratch) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  float total = 0.f;
-  for (int w = 0; w < kThreads / 32; ++w) total += scratch[w];
-  return total;
-}
-
-// A row's MoE choices, staged in shared memory once per block (each chunk reads them all).
-struct MoeChoices {
-  int64_t slot[kRmsNormMaxTopK];
-  float weight[kRmsNormMaxTopK];
-};
-
-// Chunk c (8 lanes) of a MoE block's output row (rms_norm.h's order of operations). The expert
-// rows of up to kBatch choices are loaded before any is summed, so their loads overlap (one after
-// another they made a one-row norm 7.2 us under Nsight Compute, against 3.9 without the sum).
-__device__ __forceinline__ uint4 MoeSumChunk(const RmsNormMoeSum& m, const MoeChoices& ch,
-                                             int64_t row, int c) {
-  constexpr int kBatch = 8;
-  float acc[8] = {};
-  for (int k0 = 0; k0 < m.top_k; k0 += kBatch) {
-    Vec8 e[kBatch];
-#pragma unroll
-    for (int j = 0; j < kBatch; ++j) {
-      const int k = k0 + j;
-      e[j].u =
-          k < m.top_k && ch.slot[k] >= 0
-              ? *reinterpret_cast<const uint4*>(m.expert_out + ch.slot[k] * m.ld_expert_out + c * 8)
-              : make_uint4(0, 0, 0, 0);
-    }
-#pragma unroll
-    for (int j = 0; j < kBatch; ++j) {
-      const int k = k0 + j;
-      if (k >= m.top_k || ch.slot[k] < 0) continue;
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        acc[i] = __fmaf_rn(ch.weight[k], __bfloat162float(e[j].h[i]), acc[i]);
-      }
-    }
-  }
-  if (m.shared != nullptr) {
-    Vec8 sh;
-    sh.u = *reinterpret_cast<const uint4*>(m.shared + row * m.ld_shared + c * 8);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) acc[i] = __fadd_rn(acc[i], __bfloat162float(sh.h[i]));
-  }
-  Vec8 x;
-#pragma unroll
-  for (int i = 0; i < 8; ++i) x.h[i] = __float2bfloat16_rn(acc[i]);
-  return x.u;
-}
-
 __global__ void __launch_bounds__(kThreads) RmsNormKernel(RmsNormParams p) {
   PdlGridSync();
   __shared__ float scratch[kThreads / 32];
+  __shared__ norm_row::MoeChoices choices;
   const int64_t row = blockIdx.x;
   const int chunks = p.dim / 8;
-  const bool moe = p.moe.top_k > 0;
-  const __nv_bfloat16* x = moe ? nullptr : p.x + row * p.ld_x;
-  __shared__ MoeChoices choices;
-  if (moe) {
-    if (threadIdx.x < p.moe.top_k) {
-      choices.slot[threadIdx.x] = p.moe.slot[row * p.moe.top_k + threadIdx.x];
-      choices.weight[threadIdx.x] = p.moe.weight[row * p.moe.top_k + threadIdx.x];
-    }
+  if (p.moe.top_k > 0) {
+    norm_row::LoadChoices(p.moe, row, choices);
     __syncthreads();
   }
   float ss = 0.f;
   // Pass 1: h = bf16(x + residual), stored if fused; sum of squares of the rounded h.
   for (int c = threadIdx.x; c < chunks; c += kThreads) {
-    Vec8 h;
-    h.u = moe ? MoeSumChunk(p.moe, choices, row, c) : *reinterpret_cast<const uint4*>(x + c * 8);
+    const uint4 h = norm_row::InputChunk(p, choices, row, c);
     if (p.residual != nullptr) {
-      Vec8 r;
-      r.u = *reinterpret_cast<const uint4*>(p.residual + row * p.ld_residual + c * 8);
-#pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        h.h[i] = __float2bfloat16_rn(__bfloat162float(h.h[i]) + __bfloat162float(r.h[i]));
-      }
-      *reinterpret_cast<uint4*>(p.residual_out + row * p.ld_residual_out + c * 8) = h.u;
+      *reinterpret_cast<uint4*>(p.residual_out + row * p.ld_residual_out + c * 8) = h;
     }
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const float f = __bfloat162float(h.h[i]);
-      ss += f * f;
-    }
+    ss = norm_row::AddSquares(ss, h);
   }
-  const float inv = rsqrtf(BlockSum(ss, scratch) / static_cast<float>(p.dim) + p.eps);
+  const float inv = norm_row::InverseRms<kThreads>(p, ss, scratch);
   // Pass 2: each thread re-reads only the chunks it wrote, so no barrier is needed.
-  const __nv_bfloat16* h_src = p.residual != nullptr ? p.residual_out + row * p.ld_residual_out : x;
+  const __nv_bfloat16* h_src =
+      p.residual != nullptr ? p.residual_out + row * p.ld_residual_out : p.x + row * p.ld_x;
   for (int c = threadIdx.x; c < chunks; c += kThreads) {
-    Vec8 h, w, o;
-    h.u = *reinterpret_cast<const uint4*>(h_src + c * 8);
-    w.u = *reinterpret_cast<const uint4*>(p.weight + c * 8);
-#pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const float n = __bfloat162float(__float2bfloat16_rn(__bfloat162float(h.h[i]) * inv));
-      o.h[i] = __float2bfloat16_rn(__bfloat162float(w.h[i]) * n);
-    }
-    *reinterpret_cast<uint4*>(p.out + row * p.ld_out + c * 8) = o.u;
+    const uint4 h = *reinterpret_cast<const uint4*>(h_src + c * 8);
+    *reinterpret_cast<uint4*>(p.out + row * p.ld_out + c * 8) = norm_row::OutputChunk(p, h, c, inv);
   }
 }
 

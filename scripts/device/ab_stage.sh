@@ -5,8 +5,8 @@
 #   scripts/device/ab_stage.sh BASE_STRATA NEW_STRATA [TEST_BINARY...]
 #   run(command="bash .devwork/ab/run.sh", carry=[".devwork/ab"])
 # Knobs (environment, read when staging): ROUNDS (3), BATCHES (1,4,16,64), CONTEXT (1024),
-# VARIANTS: extra runs of the new binary under environment switches, e.g. "X=1 X=2" (each
-# word one variant, NAME=VALUE). Output: one summary line per run (greedy: wall/GPU ms and the
+# VARIANTS: extra runs of the new binary under environment switches or bench flags, e.g.
+# "X=1 --fold-norms=0" (each word one variant: NAME=VALUE, or a --flag=value of bench decode). Output: one summary line per run (greedy: wall/GPU ms and the
 # HBM-floor ratio per batch), the tests' pass lines; logs come back as $OUT/ab.tgz.
 set -euo pipefail
 base=${1:?base strata}
@@ -29,12 +29,12 @@ trap pack EXIT
 summary() { awk '\$2=="greedy" {printf "b%s %s/%s r%s  ", \$1, \$3, \$4, \$9}' "\$1"; }
 for r in \$(seq ${ROUNDS:-3}); do
   for v in base new ${VARIANTS:-}; do
-    bin=./strata; envs=""
+    bin=./strata; envs=""; flags=""
     [ \$v = base ] && bin=./strata_base
-    [ \$v != base ] && [ \$v != new ] && envs=\$v
+    case \$v in base|new) ;; --*) flags=\$v ;; *) envs=\$v ;; esac
     log=\$OUT/dec_\${v//[^A-Za-z0-9_]/_}_\$r.log
     env \$envs timeout 90 \$bin bench decode --batch ${BATCHES:-1,4,16,64} --context ${CONTEXT:-1024} \\
-      --steps 20 > \$log 2>&1
+      --steps 20 \$flags > \$log 2>&1
     echo "\$v r\$r: \$(summary \$log)"
   done
 done

@@ -460,6 +460,51 @@ TEST_P(CudaEngineTest, DecodeGraphAndMoePathsMatchEager) {
   }
 }
 
+// One-row steps with the norms formed inside the projections after them (fold_norms, the
+// default) give bit-identically the logits of the same steps with norm kernels, graphed or not;
+// a two-row step in between (never folded) reads the residual stream the folded steps left.
+TEST_P(CudaEngineTest, FoldedNormsAreBitIdentical) {
+  std::vector<std::vector<float>> first;  // folded, graphed
+  for (const bool fold : {true, false}) {
+    for (const bool graphs : {true, false}) {
+      cuda::CudaEngineOptions options;
+      options.fold_norms = fold;
+      options.cuda_graphs = graphs;
+      Engines e = Open(GetParam(), options);
+      ASSERT_NE(e.gpu, nullptr);
+      const std::vector<int32_t> a = Ids(48, 3), b = Ids(40, 4);
+      PageTable pa, pb;
+      ASSERT_TRUE(runtime::EnsureCapacity(e.gpu->kv_pool(), pa, 48).ok());
+      ASSERT_TRUE(runtime::EnsureCapacity(e.gpu->kv_pool(), pb, 48).ok());
+      ASSERT_TRUE(Fwd(*e.gpu, {{std::span<const int32_t>(a).first(40), 0, &pa, false,
+                                AttentionForm::kMha},
+                               {std::span<const int32_t>(b).first(32), 0, &pb, false,
+                                AttentionForm::kMha}})
+                      .ok());
+      std::vector<std::vector<float>> got;
+      for (int step = 0; step < 6; ++step) {
+        std::vector<SequenceInput> batch = {{std::span<const int32_t>(a).subspan(40 + step, 1),
+                                             40 + step, &pa, false, AttentionForm::kAbsorbed}};
+        if (step == 3) {
+          batch.push_back({std::span<const int32_t>(b).subspan(32, 1), 32, &pb, false,
+                           AttentionForm::kAbsorbed});
+        }
+        auto out = Fwd(*e.gpu, batch);
+        ASSERT_TRUE(out.ok()) << out.status();
+        for (auto& o : *out) got.push_back(o.logits);
+      }
+      if (first.empty()) {
+        first = std::move(got);
+        continue;
+      }
+      ASSERT_EQ(got.size(), first.size());
+      for (size_t r = 0; r < got.size(); ++r) {
+        EXPECT_EQ(got[r], first[r]) << "fold " << fold << ", graphs " << graphs << ", row " << r;
+      }
+    }
+  }
+}
+
 // Draws: when every sequence brings one its token is picked on the GPU and no logits come back;
 // it is what the draw picks (runtime::PickToken) from the logits the same step returns without
 // draws (the same decode step run twice at one position writes the same KV, so both runs see the

@@ -4,6 +4,7 @@
 
 #include "kernels/activation/silu_mul.h"
 #include "kernels/kv_pages/kv_pages.h"
+#include "kernels/moe_experts/moe_experts.h"
 #include "kernels/moe_router/moe_router.h"
 #include "kernels/norm_rope/latent_rows.h"
 #include "kernels/norm_rope/rms_norm.h"
@@ -73,6 +74,76 @@ TEST(SmallKernelsParamsTest, RmsNormMoeSum) {
   EXPECT_FALSE(ValidateRmsNormParams(p).ok()) << "the sum goes only into the residual";
   p.moe.top_k = 0;
   EXPECT_FALSE(ValidateRmsNormParams(p).ok()) << "no moe: x must be set";
+}
+
+// A projection forming its input row from a norm (MoeNormIn): one row of the input's width, a
+// valid norm, and with writes no output over an input the other CTAs still read.
+TEST(SmallKernelsParamsTest, NormInFormsOneRowAndNeverOverwritesItsInputs) {
+  alignas(16) static __nv_bfloat16 in[4][16];
+  alignas(16) static __nv_bfloat16 w[16 * 16], out[16 * 16], xn[16], residual_out[16];
+  SkinnyGemmParams g;
+  g.tokens = 1;
+  g.n_out = 16;
+  g.k = 16;
+  g.w = w;
+  g.out = out;
+  EXPECT_FALSE(ValidateSkinnyGemmParams(g).ok()) << "no x and no norm_in";
+  RmsNormParams& n = g.norm_in.params;
+  n.rows = 1;
+  n.dim = 16;
+  n.x = in[0];
+  n.ld_x = 16;
+  n.residual = in[1];
+  n.ld_residual = 16;
+  n.residual_out = residual_out;
+  n.ld_residual_out = 16;
+  n.weight = in[2];
+  n.out = xn;
+  n.ld_out = 16;
+  g.norm_in.writes = true;
+  EXPECT_TRUE(ValidateSkinnyGemmParams(g).ok()) << "x is not read";
+  SkinnyGemmParams bad = g;
+  bad.tokens = 2;
+  EXPECT_FALSE(ValidateSkinnyGemmParams(bad).ok()) << "two token rows";
+  bad = g;
+  bad.norm_in.params.dim = 8;
+  bad.norm_in.params.ld_x = bad.norm_in.params.ld_out = 8;
+  EXPECT_FALSE(ValidateSkinnyGemmParams(bad).ok()) << "dim is not the input width k";
+  bad = g;
+  bad.norm_in.params.residual_out = in[1];
+  EXPECT_FALSE(ValidateSkinnyGemmParams(bad).ok()) << "the residual updated in place";
+  bad.norm_in.writes = false;
+  EXPECT_TRUE(ValidateSkinnyGemmParams(bad).ok()) << "nothing written: aliasing is harmless";
+  bad = g;
+  bad.norm_in.params.out = in[0] + 8;
+  EXPECT_FALSE(ValidateSkinnyGemmParams(bad).ok()) << "out overlapping x";
+  bad = g;
+  bad.norm_in.params.weight = nullptr;
+  EXPECT_FALSE(ValidateSkinnyGemmParams(bad).ok()) << "an invalid norm";
+
+  MoeExpertsParams p;  // an identity MLP of width 16
+  p.num_tokens = 1;
+  p.num_experts = 1;
+  p.max_active = 1;
+  p.hidden = 16;
+  p.inter = 16;
+  p.token_tiles = 1;
+  p.identity = true;
+  p.ld_x = 16;
+  p.weights = w;
+  p.act = p.out = out;
+  p.norm_in = g.norm_in;
+  EXPECT_TRUE(ValidateMoeExpertsParams(p).ok());
+  MoeExpertsParams q = p;
+  q.token_tiles = 2;
+  EXPECT_FALSE(ValidateMoeExpertsParams(q).ok()) << "one token tile";
+  q = p;
+  q.hidden = 24;
+  q.ld_x = 24;
+  EXPECT_FALSE(ValidateMoeExpertsParams(q).ok()) << "dim is not hidden";
+  q = p;
+  q.norm_in.params.rows = 0;
+  EXPECT_FALSE(ValidateMoeExpertsParams(q).ok()) << "no norm_in: x must be set";
 }
 
 TEST(SmallKernelsParamsTest, LatentRows) {

@@ -431,6 +431,7 @@ absl::Status CudaEngine::Impl::Reserve(const StepPlan& P) {
   const int64_t qk = c.qk_head_dim(), vd = c.v_head_dim;
   const int64_t hq_pad = QueryHeadsPadded();
   RETURN_IF_ERROR(x.Ensure(n * h * 2));
+  RETURN_IF_ERROR(x2.Ensure(n * h * 2));
   RETURN_IF_ERROR(xn.Ensure(n * h * 2));
   RETURN_IF_ERROR(delta.Ensure(n * h * 2));
   RETURN_IF_ERROR(qkva.Ensure(n * QkvaLd() * 2));
@@ -465,9 +466,11 @@ absl::Status CudaEngine::Impl::Reserve(const StepPlan& P) {
   return absl::OkStatus();
 }
 
-absl::Status CudaEngine::Impl::Norm(int64_t rows, int64_t dim, const bf16* in, int64_t ld_in,
-                                    bf16* residual, const bf16* weight, bf16* out, int64_t ld_out,
-                                    cudaStream_t stream, const kernels::RmsNormMoeSum& moe_sum) {
+kernels::RmsNormParams CudaEngine::Impl::NormParams(int64_t rows, int64_t dim, const bf16* in,
+                                                   int64_t ld_in, const bf16* residual,
+                                                   bf16* residual_out, const bf16* weight,
+                                                   bf16* out, int64_t ld_out,
+                                                   const kernels::RmsNormMoeSum& moe_sum) const {
   kernels::RmsNormParams p;
   p.moe = moe_sum;
   p.rows = static_cast<int>(rows);
@@ -478,13 +481,13 @@ absl::Status CudaEngine::Impl::Norm(int64_t rows, int64_t dim, const bf16* in, i
   if (residual != nullptr) {
     p.residual = residual;
     p.ld_residual = dim;
-    p.residual_out = residual;
+    p.residual_out = residual_out;
     p.ld_residual_out = dim;
   }
   p.weight = weight;
   p.out = out;
   p.ld_out = ld_out;
-  return kernels::LaunchRmsNorm(p, stream);
+  return p;
 }
 
 absl::Status CudaEngine::Impl::RopeRows(const bf16* kv_a, int64_t ld_kv_a, const bf16* norm_weight,
@@ -538,6 +541,12 @@ absl::Status CudaEngine::Impl::Enqueue(const StepPlan& P) {
   bf16* qkvp = qkva.as<bf16>();
   const int64_t qkv_ld = QkvaLd();
   RETURN_IF_ERROR(GatherRows32(W.embed(), h, meta.At<int32_t>(P.o_ids), n, h, xp, h, s));
+  // The residual stream alternates between x and x2: a norm fused with the residual add reads
+  // `res` and writes `res_next`, so a projection whose every CTA forms the normed row itself
+  // (`fold`, one-row steps) never reads a residual that its first CTA is updating.
+  bf16* res = xp;
+  bf16* res_next = x2.as<bf16>();
+  const bool fold = n == 1 && options.fold_norms;
 
   // The previous feed-forward block's output when it is a MoE block's (top_k > 0): summed by the
   // next norm; otherwise the output is in delta.
@@ -545,15 +554,25 @@ absl::Status CudaEngine::Impl::Enqueue(const StepPlan& P) {
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const DeviceLayer& L = W.layers()[l];
     // Input norm; from layer 1 on fused with x += the previous block's output.
-    RETURN_IF_ERROR(
-        Norm(n, h, l == 0 ? xp : dp, h, l == 0 ? nullptr : xp, L.input_norm, xnp, h, s, block_out));
+    const kernels::RmsNormParams input_norm =
+        l == 0 ? NormParams(n, h, xp, h, nullptr, nullptr, L.input_norm, xnp, h)
+               : NormParams(n, h, dp, h, res, res_next, L.input_norm, xnp, h, block_out);
+    if (l > 0) std::swap(res, res_next);
     // One projection for the query (or its low-rank part) and the new latent + k_pe rows.
-    RETURN_IF_ERROR(LinearBf16(blas, s, L.q_kv_a, xnp, h, n, qkvp, qkv_ld));
+    if (fold) {
+      RETURN_IF_ERROR(LinearBf16(blas, s, L.q_kv_a, nullptr, h, n, qkvp, qkv_ld,
+                                 {.params = input_norm, .writes = true}));
+    } else {
+      RETURN_IF_ERROR(kernels::LaunchRmsNorm(input_norm, s));
+      RETURN_IF_ERROR(LinearBf16(blas, s, L.q_kv_a, xnp, h, n, qkvp, qkv_ld));
+    }
     const int64_t q_cols = L.q_kv_a.out - kRow;
     if (c.q_lora_rank > 0) {
       bf16* qap = qa.as<bf16>();
-      RETURN_IF_ERROR(
-          Norm(n, c.q_lora_rank, qkvp, qkv_ld, nullptr, L.q_a_norm, qap, c.q_lora_rank, s));
+      RETURN_IF_ERROR(kernels::LaunchRmsNorm(
+          NormParams(n, c.q_lora_rank, qkvp, qkv_ld, nullptr, nullptr, L.q_a_norm, qap,
+                     c.q_lora_rank),
+          s));
       RETURN_IF_ERROR(
           LinearBf16(blas, s, L.q_b_proj, qap, c.q_lora_rank, n, QueryRows(), heads * qk));
     }
@@ -562,17 +581,23 @@ absl::Status CudaEngine::Impl::Enqueue(const StepPlan& P) {
     RETURN_IF_ERROR(AbsorbedAttention(L, P, l));
     RETURN_IF_ERROR(LinearBf16(blas, s, L.o_proj, attn.as<bf16>(), heads * c.v_head_dim, n, dp, h));
 
-    // ---- Feed-forward.
-    RETURN_IF_ERROR(Norm(n, h, dp, h, xp, L.post_attention_norm, xnp, h, s));
+    // ---- Feed-forward. Folded, the first projection after the norm writes xn and the residual
+    // (the router logits; a dense MLP's gate|up).
+    const kernels::RmsNormParams post_norm =
+        NormParams(n, h, dp, h, res, res_next, L.post_attention_norm, xnp, h);
+    std::swap(res, res_next);
+    if (!fold) RETURN_IF_ERROR(kernels::LaunchRmsNorm(post_norm, s));
     if (L.moe) {
-      ASSIGN_OR_RETURN(block_out, moe.Forward(l, L, xnp, n));
+      ASSIGN_OR_RETURN(block_out, moe.Forward(l, L, xnp, n, fold ? &post_norm : nullptr));
     } else {
-      RETURN_IF_ERROR(Mlp(blas, s, L.gate_up, L.down, xnp, n, gu.as<bf16>(), dp));
+      RETURN_IF_ERROR(Mlp(blas, s, L.gate_up, L.down, xnp, n, gu.as<bf16>(), dp,
+                          fold ? kernels::MoeNormIn{post_norm, true} : kernels::MoeNormIn{}));
       block_out = {};
     }
   }
   // Final norm (fused with the last residual add), then the LM head on the output rows only.
-  RETURN_IF_ERROR(Norm(n, h, dp, h, xp, W.final_norm(), xnp, h, s, block_out));
+  RETURN_IF_ERROR(kernels::LaunchRmsNorm(
+      NormParams(n, h, dp, h, res, res_next, W.final_norm(), xnp, h, block_out), s));
   RETURN_IF_ERROR(
       GatherRows(xnp, h, meta.At<int64_t>(P.o_out), P.total_out, h, fin.as<bf16>(), h, s));
   return Linear(blas, W.lm_head(), fin.as<bf16>(), h, P.total_out, logits.as<float>(), c.vocab_size,

@@ -78,11 +78,13 @@ struct CudaEngine::Impl {
   absl::Status Plan(std::span<const runtime::SequenceInput> batch, StepPlan* plan);
   absl::Status Reserve(const StepPlan& plan);
   absl::Status Enqueue(const StepPlan& plan);
-  // RMSNorm of `in` (+ residual, in place), or with moe_sum set of a MoE block's output summed
-  // on the way (kernels/norm_rope/rms_norm.h; `in` unused).
-  absl::Status Norm(int64_t rows, int64_t dim, const bf16* in, int64_t ld_in, bf16* residual,
-                    const bf16* weight, bf16* out, int64_t ld_out, cudaStream_t stream,
-                    const kernels::RmsNormMoeSum& moe_sum = {});
+  // RMSNorm of `in` (+ residual, the sum written to residual_out), or with moe_sum set of a MoE
+  // block's output summed on the way (kernels/norm_rope/rms_norm.h; `in` unused): the parameters
+  // for LaunchRmsNorm, or for a one-row projection that forms its input itself (MoeNormIn).
+  kernels::RmsNormParams NormParams(int64_t rows, int64_t dim, const bf16* in, int64_t ld_in,
+                                    const bf16* residual, bf16* residual_out, const bf16* weight,
+                                    bf16* out, int64_t ld_out,
+                                    const kernels::RmsNormMoeSum& moe_sum = {}) const;
   // One kernel for a layer's RoPE: the step's new latent rows (kv_a_proj output, [n][576] at
   // stride ld_kv_a) normed, roped and written into their pages, and the query rows' q_pe roped.
   absl::Status RopeRows(const bf16* kv_a, int64_t ld_kv_a, const bf16* norm_weight,
@@ -133,7 +135,9 @@ struct CudaEngine::Impl {
   // Activations.
   // qkva: [n][QkvaLd()], the fused q|kv_a projection; q: q_b_proj's output and qa: the normed
   // low-rank query (models with q_lora_rank).
-  Buf x{&grows}, xn{&grows}, delta{&grows}, qkva{&grows}, q{&grows}, qa{&grows}, attn{&grows},
+  // x and x2: the residual stream, alternating (each norm fused with the residual add reads one
+  // and writes the other; see Enqueue).
+  Buf x{&grows}, x2{&grows}, xn{&grows}, delta{&grows}, qkva{&grows}, q{&grows}, qa{&grows}, attn{&grows},
       gu{&grows};
   // Decode (absorbed).
   Buf qd{&grows}, qfull{&grows}, olat{&grows}, dlse{&grows}, dws{&grows}, od{&grows};

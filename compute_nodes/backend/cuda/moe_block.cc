@@ -107,9 +107,13 @@ absl::Status MoeBlock::BeginStep() {
 }
 
 absl::StatusOr<kernels::RmsNormMoeSum> MoeBlock::Forward(int64_t layer, const DeviceLayer& L,
-                                                         const bf16* xn, int64_t n) {
+                                                         const bf16* xn, int64_t n,
+                                                         const kernels::RmsNormParams* norm) {
   const int64_t h = c_.hidden_size, ne = c_.n_routed_experts, k = c_.num_experts_per_tok;
   moe_layer_[layer] = true;
+  if (norm != nullptr && n != 1) return absl::InternalError("MoeBlock: a folded norm is one row");
+  kernels::MoeNormIn formed;  // the norm's row formed in the kernels (off without `norm`)
+  if (norm != nullptr) formed.params = *norm;
   const bf16* shared = nullptr;
   if (L.has_shared) {
     // Shared experts (side stream when there is one) beside the routed ones.
@@ -117,7 +121,7 @@ absl::StatusOr<kernels::RmsNormMoeSum> MoeBlock::Forward(int64_t layer, const De
     const cudaStream_t stream = side_ != nullptr ? side_->stream() : s_;
     if (side_ != nullptr) RETURN_IF_ERROR(side_->Fork());
     RETURN_IF_ERROR(Mlp(blas, stream, L.shared_gate_up, L.shared_down, xn, n, shared_gu_.as<bf16>(),
-                        shared_out_.as<bf16>()));
+                        shared_out_.as<bf16>(), formed));
     shared = shared_out_.as<bf16>();
   }
   if (n <= kSkinnyMaxRows) {
@@ -129,6 +133,8 @@ absl::StatusOr<kernels::RmsNormMoeSum> MoeBlock::Forward(int64_t layer, const De
     g.w = L.router.w;
     g.out_f32 = router_logits_.as<float>();
     g.weights_static = true;
+    g.norm_in = formed;
+    g.norm_in.writes = true;  // xn and the residual, for the routed experts and the next layer
     RETURN_IF_ERROR(kernels::LaunchSkinnyGemm(g, s_));
   } else {
     RETURN_IF_ERROR(Linear(*blas_, L.router, xn, h, n, router_logits_.as<float>(), ne, true));

@@ -57,9 +57,13 @@ class MoeBlock {
   absl::Status Reserve(int64_t n);
   absl::Status BeginStep();
   // MoE(xn[n][H]) of MoE layer `layer` (its index in the model), enqueued up to the combine: the
-  // returned rows and weights are summed by the next norm (valid until the next Forward).
+  // returned rows and weights are summed by the next norm (valid until the next Forward). With
+  // `norm` (one token), xn is that norm's output, not yet written: the router logits' kernel
+  // forms the row itself and writes xn and the norm's residual_out; the shared experts form it
+  // too (kernels::MoeNormIn).
   absl::StatusOr<kernels::RmsNormMoeSum> Forward(int64_t layer, const DeviceLayer& L,
-                                                 const __nv_bfloat16* xn, int64_t n);
+                                                 const __nv_bfloat16* xn, int64_t n,
+                                                 const kernels::RmsNormParams* norm = nullptr);
   absl::Status EnqueueReadback(int64_t n);  // n: the step's tokens
   absl::StatusOr<int64_t> FinishStep();
 

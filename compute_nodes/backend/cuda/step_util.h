@@ -191,12 +191,15 @@ inline absl::Status SiluMulRows(int64_t rows, int64_t inter, __nv_bfloat16* gate
 // kernels/moe_experts (each weight row read once, one pass); above it, cuBLAS.
 inline constexpr int64_t kSkinnyMaxRows = 16;
 
-// bf16 out[rows][w.out] (row stride ldc) = a[rows][w.in] (row stride lda) · wᵀ.
+// bf16 out[rows][w.out] (row stride ldc) = a[rows][w.in] (row stride lda) · wᵀ. With norm_in set
+// (one row), the row is formed from that norm by the projection's kernel and `a` is not read.
 inline absl::Status LinearBf16(const Cublas& blas, cudaStream_t stream, const DeviceLinear& w,
                                const __nv_bfloat16* a, int64_t lda, int64_t rows,
-                               __nv_bfloat16* out, int64_t ldc) {
+                               __nv_bfloat16* out, int64_t ldc,
+                               const kernels::MoeNormIn& norm_in = {}) {
   if (rows <= kSkinnyMaxRows && lda == w.in && ldc == w.out) {
     kernels::SkinnyGemmParams p;
+    p.norm_in = norm_in;
     p.tokens = static_cast<int>(rows);
     p.n_out = static_cast<int>(w.out);
     p.k = static_cast<int>(w.in);
@@ -206,17 +209,20 @@ inline absl::Status LinearBf16(const Cublas& blas, cudaStream_t stream, const De
     p.weights_static = true;  // model weights
     return kernels::LaunchSkinnyGemm(p, stream);
   }
+  if (norm_in.params.rows != 0) return absl::InternalError("LinearBf16: norm_in on the cuBLAS path");
   return Linear(blas, w, a, lda, rows, out, ldc);
 }
 
 // out[rows][H] = down · (SiLU(gate · a) * (up · a)) for a fused gate|up [2I][H] and down [H][I],
-// a [rows][H] dense; act is a [rows][2I] workspace.
+// a [rows][H] dense; act is a [rows][2I] workspace. norm_in: as LinearBf16's.
 inline absl::Status Mlp(const Cublas& blas, cudaStream_t stream, const DeviceLinear& gate_up,
                         const DeviceLinear& down, const __nv_bfloat16* a, int64_t rows,
-                        __nv_bfloat16* act, __nv_bfloat16* out) {
+                        __nv_bfloat16* act, __nv_bfloat16* out,
+                        const kernels::MoeNormIn& norm_in = {}) {
   const int64_t h = gate_up.in, inter = down.in;
   if (rows <= kSkinnyMaxRows) {
     kernels::MoeExpertsParams p;
+    p.norm_in = norm_in;
     p.num_tokens = static_cast<int>(rows);
     p.num_experts = 1;
     p.max_active = 1;
@@ -233,6 +239,7 @@ inline absl::Status Mlp(const Cublas& blas, cudaStream_t stream, const DeviceLin
     p.weights_static = true;  // model weights
     return kernels::LaunchMoeExperts(p, stream);
   }
+  if (norm_in.params.rows != 0) return absl::InternalError("Mlp: norm_in on the cuBLAS path");
   RETURN_IF_ERROR(Linear(blas, gate_up, a, h, rows, act, 2 * inter));
   RETURN_IF_ERROR(SiluMulRows(rows, inter, act, stream));
   return Linear(blas, down, act, 2 * inter, rows, out, h);
