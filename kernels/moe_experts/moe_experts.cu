@@ -111,8 +111,7 @@ __global__ void __launch_bounds__(kThreads, 2) MoeExpertsKernel(MoeExpertsParams
     __shared__ uint4 row[kMoeNormInMaxDim / 8];
     __shared__ norm_row::MoeChoices choices;
     __shared__ float scratch[kWarps];
-    const bool writer =
-        p.norm_in.writes && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0;
+    const bool writer = p.norm_in.writes && blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0;
     norm_row::NormRowInto<kThreads>(p.norm_in.params, writer, row, choices, scratch);
     formed = row;
   }
@@ -372,8 +371,8 @@ absl::Status ValidateMoeExpertsParams(const MoeExpertsParams& p) {
   if (p.norm_in.params.rows != 0 && (p.token_tiles != 1 || !p.identity)) {
     return Invalid("norm_in needs token_tiles 1 and identity");
   }
-  if ((p.x == nullptr && p.norm_in.params.rows == 0) || p.weights == nullptr ||
-      p.act == nullptr || p.out == nullptr) {
+  if ((p.x == nullptr && p.norm_in.params.rows == 0) || p.weights == nullptr || p.act == nullptr ||
+      p.out == nullptr) {
     return Invalid("x (unless norm_in), weights, act and out must be set");
   }
   if (Misaligned(p.x) || Misaligned(p.weights) || Misaligned(p.act) || Misaligned(p.out) ||
@@ -407,7 +406,8 @@ absl::Status ValidateSkinnyGemmParams(const SkinnyGemmParams& g) {
         "LaunchSkinnyGemm: x (unless norm_in) and w set and 16-byte aligned, exactly one of out "
         "and out_f32");
   }
-  if (const std::string problem = NormInProblem(g.norm_in, g.tokens * g.batch, g.k); !problem.empty()) {
+  if (const std::string problem = NormInProblem(g.norm_in, g.tokens * g.batch, g.k);
+      !problem.empty()) {
     return absl::InvalidArgumentError("LaunchSkinnyGemm: " + problem);
   }
   return absl::OkStatus();

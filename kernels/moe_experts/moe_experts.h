@@ -46,6 +46,11 @@ inline constexpr int kMoeNormInMaxDim = 7168;
 // With `writes`, the grid's first CTA also stores the norm's residual_out and out, for the kernels
 // after it; those must then not overlap the norm's inputs, which the other CTAs still read (the
 // residual stream alternates between two buffers instead of being updated in place).
+// Every CTA reads the norm's inputs (up to 8 rows from L2) and runs its dependent steps before
+// its first MMA, so it pays on grids of one wave: H200, v2-lite-shape batch-1 decode, GPU ms
+// per step: norm kernels 2.087-2.098; formed in the router logits (4 CTAs) 2.073-2.074; also in
+// the q|kv_a projection (228) 2.061-2.069; also in the shared experts' gate|up (352, two waves)
+// 2.164 (the CUDA engine forms the first two only).
 struct MoeNormIn {
   RmsNormParams params;  // rows 0: off; else rows 1 and dim the launch's input width
   bool writes = false;

@@ -460,8 +460,9 @@ TEST_P(CudaEngineTest, DecodeGraphAndMoePathsMatchEager) {
   }
 }
 
-// One-row steps with the norms formed inside the projections after them (fold_norms, the
-// default) give bit-identically the logits of the same steps with norm kernels, graphed or not;
+// One-row steps with norms formed inside the projections after them (fold_norms, the default:
+// the q|kv_a projection, the router logits, the shared experts then reading the router logits'
+// xn) give bit-identically the logits of the same steps with norm kernels, graphed or not;
 // a two-row step in between (never folded) reads the residual stream the folded steps left.
 TEST_P(CudaEngineTest, FoldedNormsAreBitIdentical) {
   std::vector<std::vector<float>> first;  // folded, graphed
@@ -476,11 +477,10 @@ TEST_P(CudaEngineTest, FoldedNormsAreBitIdentical) {
       PageTable pa, pb;
       ASSERT_TRUE(runtime::EnsureCapacity(e.gpu->kv_pool(), pa, 48).ok());
       ASSERT_TRUE(runtime::EnsureCapacity(e.gpu->kv_pool(), pb, 48).ok());
-      ASSERT_TRUE(Fwd(*e.gpu, {{std::span<const int32_t>(a).first(40), 0, &pa, false,
-                                AttentionForm::kMha},
-                               {std::span<const int32_t>(b).first(32), 0, &pb, false,
-                                AttentionForm::kMha}})
-                      .ok());
+      ASSERT_TRUE(
+          Fwd(*e.gpu, {{std::span<const int32_t>(a).first(40), 0, &pa, false, AttentionForm::kMha},
+                       {std::span<const int32_t>(b).first(32), 0, &pb, false, AttentionForm::kMha}})
+              .ok());
       std::vector<std::vector<float>> got;
       for (int step = 0; step < 6; ++step) {
         std::vector<SequenceInput> batch = {{std::span<const int32_t>(a).subspan(40 + step, 1),

@@ -165,8 +165,8 @@ TEST_F(MoeNormInTest, IdentityMlpEqualsNormThenMlp) {
   // v2-lite's shared experts (2 x 1408) and dense MLP, V3's shared expert.
   for (const Shape& c : std::vector<Shape>{{2048, 2816}, {2048, 10944}, {7168, 2048}}) {
     for (const Input input : kInputs) {
-      SCOPED_TRACE(::testing::Message() << "H=" << c.hidden << " I=" << c.inter
-                                        << " input=" << static_cast<int>(input));
+      SCOPED_TRACE(::testing::Message()
+                   << "H=" << c.hidden << " I=" << c.inter << " input=" << static_cast<int>(input));
       NormRow row(*this, input, c.hidden);
       const float scale = 1.f / std::sqrt(static_cast<float>(c.hidden));
       DeviceBuffer gate_up(Random(2 * static_cast<size_t>(c.inter) * c.hidden, scale)),

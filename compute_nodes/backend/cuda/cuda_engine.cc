@@ -467,10 +467,10 @@ absl::Status CudaEngine::Impl::Reserve(const StepPlan& P) {
 }
 
 kernels::RmsNormParams CudaEngine::Impl::NormParams(int64_t rows, int64_t dim, const bf16* in,
-                                                   int64_t ld_in, const bf16* residual,
-                                                   bf16* residual_out, const bf16* weight,
-                                                   bf16* out, int64_t ld_out,
-                                                   const kernels::RmsNormMoeSum& moe_sum) const {
+                                                    int64_t ld_in, const bf16* residual,
+                                                    bf16* residual_out, const bf16* weight,
+                                                    bf16* out, int64_t ld_out,
+                                                    const kernels::RmsNormMoeSum& moe_sum) const {
   kernels::RmsNormParams p;
   p.moe = moe_sum;
   p.rows = static_cast<int>(rows);
@@ -543,7 +543,10 @@ absl::Status CudaEngine::Impl::Enqueue(const StepPlan& P) {
   RETURN_IF_ERROR(GatherRows32(W.embed(), h, meta.At<int32_t>(P.o_ids), n, h, xp, h, s));
   // The residual stream alternates between x and x2: a norm fused with the residual add reads
   // `res` and writes `res_next`, so a projection whose every CTA forms the normed row itself
-  // (`fold`, one-row steps) never reads a residual that its first CTA is updating.
+  // (`fold`, one-row steps) never reads a residual that its first CTA is updating. Folded: the
+  // input norm into the q|kv_a projection, a MoE layer's post-attention norm into the router
+  // logits (MoeBlock::Forward); a dense MLP keeps its norm kernel (forming the row in each of
+  // its gate|up's ~1,400 CTAs cost more than the launch).
   bf16* res = xp;
   bf16* res_next = x2.as<bf16>();
   const bool fold = n == 1 && options.fold_norms;
@@ -569,10 +572,9 @@ absl::Status CudaEngine::Impl::Enqueue(const StepPlan& P) {
     const int64_t q_cols = L.q_kv_a.out - kRow;
     if (c.q_lora_rank > 0) {
       bf16* qap = qa.as<bf16>();
-      RETURN_IF_ERROR(kernels::LaunchRmsNorm(
-          NormParams(n, c.q_lora_rank, qkvp, qkv_ld, nullptr, nullptr, L.q_a_norm, qap,
-                     c.q_lora_rank),
-          s));
+      RETURN_IF_ERROR(kernels::LaunchRmsNorm(NormParams(n, c.q_lora_rank, qkvp, qkv_ld, nullptr,
+                                                        nullptr, L.q_a_norm, qap, c.q_lora_rank),
+                                             s));
       RETURN_IF_ERROR(
           LinearBf16(blas, s, L.q_b_proj, qap, c.q_lora_rank, n, QueryRows(), heads * qk));
     }
@@ -581,17 +583,16 @@ absl::Status CudaEngine::Impl::Enqueue(const StepPlan& P) {
     RETURN_IF_ERROR(AbsorbedAttention(L, P, l));
     RETURN_IF_ERROR(LinearBf16(blas, s, L.o_proj, attn.as<bf16>(), heads * c.v_head_dim, n, dp, h));
 
-    // ---- Feed-forward. Folded, the first projection after the norm writes xn and the residual
-    // (the router logits; a dense MLP's gate|up).
+    // ---- Feed-forward. Folded (MoE layers), the router logits' kernel writes xn and the residual.
     const kernels::RmsNormParams post_norm =
         NormParams(n, h, dp, h, res, res_next, L.post_attention_norm, xnp, h);
     std::swap(res, res_next);
-    if (!fold) RETURN_IF_ERROR(kernels::LaunchRmsNorm(post_norm, s));
+    const bool fold_post = fold && L.moe;
+    if (!fold_post) RETURN_IF_ERROR(kernels::LaunchRmsNorm(post_norm, s));
     if (L.moe) {
-      ASSIGN_OR_RETURN(block_out, moe.Forward(l, L, xnp, n, fold ? &post_norm : nullptr));
+      ASSIGN_OR_RETURN(block_out, moe.Forward(l, L, xnp, n, fold_post ? &post_norm : nullptr));
     } else {
-      RETURN_IF_ERROR(Mlp(blas, s, L.gate_up, L.down, xnp, n, gu.as<bf16>(), dp,
-                          fold ? kernels::MoeNormIn{post_norm, true} : kernels::MoeNormIn{}));
+      RETURN_IF_ERROR(Mlp(blas, s, L.gate_up, L.down, xnp, n, gu.as<bf16>(), dp));
       block_out = {};
     }
   }

@@ -54,8 +54,8 @@ struct CudaEngineOptions {
   bool cuda_graphs = true;              // capture and replay all-decode steps
   int64_t moe_device_max_tokens = 256;  // MoE routing on the device up to this many tokens
   bool moe_grouped = true;  // past that, grouped wgmma expert GEMMs (sm_90) instead of cuBLAS ones
-  // One-row steps: the projections after a norm form its row themselves (kernels::MoeNormIn), so
-  // no norm kernel runs on the step's critical path; bit-identical either way.
+  // One-row steps: the q|kv_a projection and a MoE layer's router logits form their norm's row
+  // themselves (kernels::MoeNormIn), two norm launches less per layer; bit-identical either way.
   bool fold_norms = true;
   // The KV pool registers a same-host cache server's shm arena with CUDA (in the background) and
   // imports cached blocks from it in place (DeviceKvPoolOptions::register_shared_regions).

@@ -137,8 +137,8 @@ struct CudaEngine::Impl {
   // low-rank query (models with q_lora_rank).
   // x and x2: the residual stream, alternating (each norm fused with the residual add reads one
   // and writes the other; see Enqueue).
-  Buf x{&grows}, x2{&grows}, xn{&grows}, delta{&grows}, qkva{&grows}, q{&grows}, qa{&grows}, attn{&grows},
-      gu{&grows};
+  Buf x{&grows}, x2{&grows}, xn{&grows}, delta{&grows}, qkva{&grows}, q{&grows}, qa{&grows},
+      attn{&grows}, gu{&grows};
   // Decode (absorbed).
   Buf qd{&grows}, qfull{&grows}, olat{&grows}, dlse{&grows}, dws{&grows}, od{&grows};
   // Prefill (MHA).

@@ -59,8 +59,8 @@ class MoeBlock {
   // MoE(xn[n][H]) of MoE layer `layer` (its index in the model), enqueued up to the combine: the
   // returned rows and weights are summed by the next norm (valid until the next Forward). With
   // `norm` (one token), xn is that norm's output, not yet written: the router logits' kernel
-  // forms the row itself and writes xn and the norm's residual_out; the shared experts form it
-  // too (kernels::MoeNormIn).
+  // forms the row itself and writes xn and the norm's residual_out (kernels::MoeNormIn); the
+  // shared experts start after it and read xn.
   absl::StatusOr<kernels::RmsNormMoeSum> Forward(int64_t layer, const DeviceLayer& L,
                                                  const __nv_bfloat16* xn, int64_t n,
                                                  const kernels::RmsNormParams* norm = nullptr);

@@ -209,20 +209,19 @@ inline absl::Status LinearBf16(const Cublas& blas, cudaStream_t stream, const De
     p.weights_static = true;  // model weights
     return kernels::LaunchSkinnyGemm(p, stream);
   }
-  if (norm_in.params.rows != 0) return absl::InternalError("LinearBf16: norm_in on the cuBLAS path");
+  if (norm_in.params.rows != 0)
+    return absl::InternalError("LinearBf16: norm_in on the cuBLAS path");
   return Linear(blas, w, a, lda, rows, out, ldc);
 }
 
 // out[rows][H] = down · (SiLU(gate · a) * (up · a)) for a fused gate|up [2I][H] and down [H][I],
-// a [rows][H] dense; act is a [rows][2I] workspace. norm_in: as LinearBf16's.
+// a [rows][H] dense; act is a [rows][2I] workspace.
 inline absl::Status Mlp(const Cublas& blas, cudaStream_t stream, const DeviceLinear& gate_up,
                         const DeviceLinear& down, const __nv_bfloat16* a, int64_t rows,
-                        __nv_bfloat16* act, __nv_bfloat16* out,
-                        const kernels::MoeNormIn& norm_in = {}) {
+                        __nv_bfloat16* act, __nv_bfloat16* out) {
   const int64_t h = gate_up.in, inter = down.in;
   if (rows <= kSkinnyMaxRows) {
     kernels::MoeExpertsParams p;
-    p.norm_in = norm_in;
     p.num_tokens = static_cast<int>(rows);
     p.num_experts = 1;
     p.max_active = 1;
@@ -239,7 +238,6 @@ inline absl::Status Mlp(const Cublas& blas, cudaStream_t stream, const DeviceLin
     p.weights_static = true;  // model weights
     return kernels::LaunchMoeExperts(p, stream);
   }
-  if (norm_in.params.rows != 0) return absl::InternalError("Mlp: norm_in on the cuBLAS path");
   RETURN_IF_ERROR(Linear(blas, gate_up, a, h, rows, act, 2 * inter));
   RETURN_IF_ERROR(SiluMulRows(rows, inter, act, stream));
   return Linear(blas, down, act, 2 * inter, rows, out, h);
