@@ -1,7 +1,8 @@
 // strata bench kernels: times the CUDA kernels on the local GPU and compares them with the
 // FlashMLA figures measured on an H200 of this workplace (issue #9).
 //
-//   strata bench kernels [--json PATH] [--iters N] [--only mla_decode,prefill,kv_pages,sample]
+//   strata bench kernels [--json PATH] [--iters N]
+//                        [--only mla_decode,prefill,kv_pages,sample,barrier]
 //                        [--mla-heads 16,32,64,128] [--mla-batch 128] [--mla-seqs 4096,...]
 //
 // MLA decode: batch 128 (--mla-batch; FlashMLA figures exist for 128 only, other batches are
@@ -24,6 +25,9 @@
 //
 // Sampling (--only sample; bench_kernels_sample.h): the greedy and temperature/top-k/top-p token
 // pickers by batch, vocab and logit spread.
+//
+// Grid barrier (--only barrier; bench_kernels_barrier.h): a persistent kernel's grid-wide barrier
+// against the kernel boundary it would replace.
 #include <cuda_runtime_api.h>
 #include <fmt/format.h>
 
@@ -41,6 +45,7 @@
 #include <utility>
 #include <vector>
 
+#include "cli/bench_kernels_barrier.h"
 #include "cli/bench_kernels_sample.h"
 #include "cli/bench_kernels_timing.h"
 #include "cli/commands.h"
@@ -552,8 +557,8 @@ void RegisterBenchKernelsCommand(CLI::App& app) {
   cmd->add_option("--iters", *iters, "Timed runs per point (median reported)")
       ->check(CLI::Range(1, 10000));
   cmd->add_option("--only", *only,
-                  "Comma-separated groups: mla_decode, prefill, kv_pages, sample (not run by "
-                  "default)");
+                  "Comma-separated groups: mla_decode, prefill, kv_pages, sample and barrier (the "
+                  "last two not run by default)");
   auto mla = std::make_shared<MlaPoints>();
   cmd->add_option(
          "--mla-heads", mla->heads_q,
@@ -599,6 +604,10 @@ void RegisterBenchKernelsCommand(CLI::App& app) {
     if (wanted("sample")) {
       const absl::Status st = bench_kernels::BenchSampling(*iters, report);
       if (!st.ok()) Fail(1, StrCat("bench kernels (sample): ", st.message()));
+    }
+    if (wanted("barrier")) {
+      const absl::Status st = bench_kernels::BenchGridBarrier(*iters, report);
+      if (!st.ok()) Fail(1, StrCat("bench kernels (barrier): ", st.message()));
     }
     if (!json_path->empty()) {
       std::ofstream f(*json_path);

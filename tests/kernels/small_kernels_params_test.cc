@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "kernels/activation/silu_mul.h"
+#include "kernels/common/grid_barrier.h"
 #include "kernels/kv_pages/kv_pages.h"
 #include "kernels/moe_experts/moe_experts.h"
 #include "kernels/moe_router/moe_router.h"
@@ -351,6 +352,33 @@ TEST(SmallKernelsParamsTest, Sample) {
   p.draws = Fake<SampleRowDraw>();
   p.vocab = 0;
   EXPECT_FALSE(ValidateSampleParams(p).ok());
+}
+
+// The fields are checked before the device is asked how many CTAs it holds (the gpu test covers
+// that refusal), so these hold without a GPU.
+TEST(SmallKernelsParamsTest, GridRounds) {
+  GridRoundsParams p;
+  p.num_ctas = 4;
+  p.sync = GridSync::kLaunch;
+  p.slots = Fake<int32_t>();
+  p.errors = Fake<int32_t>();
+  EXPECT_TRUE(ValidateGridRoundsParams(p).ok());
+  p.rounds = 2;  // a launch boundary separates one round from the next
+  EXPECT_FALSE(ValidateGridRoundsParams(p).ok());
+  p.sync = GridSync::kCooperativeGroups;  // grid.sync() without a cooperative launch
+  EXPECT_FALSE(ValidateGridRoundsParams(p).ok());
+  p.sync = GridSync::kBarrier;  // no barrier word
+  EXPECT_FALSE(ValidateGridRoundsParams(p).ok());
+  p.sync = GridSync::kLaunch;
+  p.rounds = 1;
+  p.first_round = -1;
+  EXPECT_FALSE(ValidateGridRoundsParams(p).ok());
+  p.first_round = 0;
+  p.num_ctas = 0;
+  EXPECT_FALSE(ValidateGridRoundsParams(p).ok());
+  p.num_ctas = 4;
+  p.slots = nullptr;
+  EXPECT_FALSE(ValidateGridRoundsParams(p).ok());
 }
 
 TEST(SmallKernelsParamsTest, PrefillUnknownVariantRefused) {
