@@ -174,4 +174,9 @@ timeout $(( $(left) < 40 ? $(left) : 40 )) ./strata bench kernels --only sample 
   --json $OUT/bench_sample.json > $OUT/bench_sample.log 2>&1
 echo "bench kernels --only sample rc=$? at $(( $(date +%s) - start )) s"
 grep -E "^102400 " $OUT/bench_sample.log | head -6
+# A grid barrier against the kernel boundary it would replace (docs/benchmarks.md).
+timeout $(( $(left) < 20 ? $(left) : 20 )) ./strata bench kernels --only barrier --iters 20 \
+  --json $OUT/bench_barrier.json > $OUT/bench_barrier.log 2>&1
+echo "bench kernels --only barrier rc=$? at $(( $(date +%s) - start )) s"
+cat $OUT/bench_barrier.log
 echo "done at $(( $(date +%s) - start )) s"
