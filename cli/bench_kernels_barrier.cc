@@ -12,6 +12,7 @@
 #include "common/cuda/cuda_status.h"
 #include "common/status.h"
 #include "kernels/common/grid_barrier.h"
+#include "kernels/common/sm90_device.h"
 
 namespace strata::cli::bench_kernels {
 namespace {
@@ -64,9 +65,7 @@ class RoundsGraph {
 }  // namespace
 
 absl::Status BenchGridBarrier(int iters, nlohmann::json& report) {
-  const int most = kernels::GridRoundsMaxCtas();
-  int sms = 0;
-  CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const int most = kernels::GridRoundsMaxCtas(), sms = kernels::CurrentDeviceSmCount();
   if (most <= 0 || sms <= 0) return absl::InternalError("cannot size the grid");
   std::cout << fmt::format("{:>6}", "ctas");
   for (const char* name : {"barrier", "coop", "cg", "graph+pdl", "launch+pdl", "launch"}) {

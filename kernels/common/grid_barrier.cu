@@ -2,6 +2,7 @@
 #include <cooperative_groups.h>
 
 #include <algorithm>
+#include <atomic>
 #include <string>
 
 #include "kernels/common/grid_barrier.cuh"
@@ -52,16 +53,20 @@ absl::Status Invalid(const std::string& what) {
 }  // namespace
 
 int GridRoundsMaxCtas() {
-  int per_sm = 0;
-  for (GridSync sync : {GridSync::kBarrier, GridSync::kCooperativeGroups, GridSync::kLaunch}) {
-    int blocks = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, KernelFor(sync), kThreads, 0) !=
-        cudaSuccess) {
-      return 0;
+  // Asked once per device: every launch validates against it.
+  static std::atomic<int> most_of[64] = {};
+  return RememberedForCurrentDevice(most_of, [](int) {
+    int per_sm = 0;
+    for (GridSync sync : {GridSync::kBarrier, GridSync::kCooperativeGroups, GridSync::kLaunch}) {
+      int blocks = 0;
+      if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, KernelFor(sync), kThreads, 0) !=
+          cudaSuccess) {
+        return 0;
+      }
+      per_sm = per_sm == 0 ? blocks : std::min(per_sm, blocks);
     }
-    per_sm = per_sm == 0 ? blocks : std::min(per_sm, blocks);
-  }
-  return per_sm * CurrentDeviceSmCount();
+    return per_sm * CurrentDeviceSmCount();
+  });
 }
 
 absl::Status ValidateGridRoundsParams(const GridRoundsParams& p) {
@@ -75,8 +80,8 @@ absl::Status ValidateGridRoundsParams(const GridRoundsParams& p) {
     return Invalid("slots, errors and (kBarrier) barrier_word must be set");
   }
   if (p.num_ctas < 1) return Invalid("num_ctas must be >= 1");
-  const int most = GridRoundsMaxCtas();
-  if (p.sync != GridSync::kLaunch && p.num_ctas > most) {
+  if (p.sync == GridSync::kLaunch) return absl::OkStatus();  // no co-residency needed
+  if (const int most = GridRoundsMaxCtas(); p.num_ctas > most) {
     return Invalid("num_ctas " + std::to_string(p.num_ctas) +
                    " exceeds the CTAs the device holds at once (" + std::to_string(most) +
                    "): a barrier would wait on CTAs that never start");
