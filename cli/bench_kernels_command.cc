@@ -179,7 +179,7 @@ absl::Status BenchMlaDecode(int iters, const MlaPoints& points_wanted, nlohmann:
                                         kernels::MlaDecodeImpl::kMmaSync),
             kernels::MlaDecodeImpl::kMmaSync);
         add("sm90", chosen, kernels::MlaDecodeImpl::kSm90);
-        add("alternate", chosen, kernels::MlaDecodeImpl::kSm90Alternate);
+        add("seesaw", chosen, kernels::MlaDecodeImpl::kSm90Seesaw);
       }
       const bool transposed = kernels::MlaDecodeSm90TransposedApplies(h_q, p.kv_dtype);
       if (transposed) add("transposed", chosen, kernels::MlaDecodeImpl::kSm90Transposed);
@@ -189,7 +189,7 @@ absl::Status BenchMlaDecode(int iters, const MlaPoints& points_wanted, nlohmann:
       int best_splits = chosen;
       const char* auto_name = auto_impl == kernels::MlaDecodeImpl::kMmaSync          ? "mma.sync"
                               : auto_impl == kernels::MlaDecodeImpl::kSm90Transposed ? "transposed"
-                              : auto_impl == kernels::MlaDecodeImpl::kSm90Alternate  ? "alternate"
+                              : auto_impl == kernels::MlaDecodeImpl::kSm90Seesaw     ? "seesaw"
                                                                                      : "sm90";
       std::string sweep_text = fmt::format(" auto={}", auto_name);
       for (size_t k = 0; k < candidates.size(); ++k) {
@@ -201,16 +201,16 @@ absl::Status BenchMlaDecode(int iters, const MlaPoints& points_wanted, nlohmann:
           best_splits = candidates[k];
         }
       }
-      double mma_sync_ms = 0, sm90_ms = 0, alternate_ms = 0, transposed_ms = 0;
+      double mma_sync_ms = 0, sm90_ms = 0, seesaw_ms = 0, transposed_ms = 0;
       if (hopper) {
         const size_t at = candidates.size();
         mma_sync_ms = ms[at];
         sm90_ms = ms[at + 1];
-        alternate_ms = ms[at + 2];
+        seesaw_ms = ms[at + 2];
         ratios[key("mla_decode_auto_vs_mma_sync", h_q, s_k)] = mma_sync_ms / chosen_ms;
-        ratios[key("mla_decode_alternate_vs_sm90", h_q, s_k)] = sm90_ms / alternate_ms;
-        sweep_text += fmt::format(" mma.sync:{:.3f} sm90:{:.3f} alternate:{:.3f}", mma_sync_ms,
-                                  sm90_ms, alternate_ms);
+        ratios[key("mla_decode_seesaw_vs_sm90", h_q, s_k)] = sm90_ms / seesaw_ms;
+        sweep_text += fmt::format(" mma.sync:{:.3f} sm90:{:.3f} seesaw:{:.3f}", mma_sync_ms,
+                                  sm90_ms, seesaw_ms);
       }
       if (transposed) {
         transposed_ms = ms.back();
@@ -246,7 +246,7 @@ absl::Status BenchMlaDecode(int iters, const MlaPoints& points_wanted, nlohmann:
                         {"best_ms", best_ms},
                         {"mma_sync_ms", mma_sync_ms},
                         {"sm90_ms", sm90_ms},
-                        {"alternate_ms", alternate_ms},
+                        {"seesaw_ms", seesaw_ms},
                         {"transposed_ms", transposed_ms},
                         {"sweep_ms", sweep}});
       std::cout << fmt::format(

@@ -138,6 +138,23 @@ __device__ __forceinline__ void WgmmaM64N64Ss(float (&d)[8][4], uint64_t a, uint
 #undef STRATA_F4
 }
 
+// d (64 x 64 fp32) += A (64 x 16) B (64 x 16)^T with A in registers (the fragment of one k-step
+// in the mma.sync A layout of the warp's 16 rows: a[0] rows 0-7 / a[1] rows 8-15 of columns
+// 2 (lane % 4) + {0, 1}, a[2] / a[3] the same 8 columns on) and B K-major in shared memory.
+__device__ __forceinline__ void WgmmaM64N64Rs(float (&d)[8][4], const uint32_t (&a)[4],
+                                              uint64_t b) {
+#define STRATA_F4(j) "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
+  asm volatile(
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+      "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32, %33, %34, %35}, "
+      "%36, 1, 1, 1, 0;\n"
+      : STRATA_F4(0), STRATA_F4(1), STRATA_F4(2), STRATA_F4(3), STRATA_F4(4), STRATA_F4(5),
+        STRATA_F4(6), STRATA_F4(7)
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+#undef STRATA_F4
+}
+
 // d (64 x 256 fp32, per warp the mma.sync C layout of its 16 rows: d[j] = columns 8j..8j+7) =
 // (accumulate ? d : 0) + A (64 x 16) B (256 x 16)^T, A and B K-major in shared memory.
 __device__ __forceinline__ void WgmmaM64N256Ss(float (&d)[32][4], uint64_t a, uint64_t b,

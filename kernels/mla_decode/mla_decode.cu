@@ -29,11 +29,10 @@ MlaDecodeImpl MlaDecodeAutoImpl(int batch, int num_heads_q, int64_t max_pages, i
     if (static_cast<int64_t>(batch) * max_pages <= num_sms) return MlaDecodeImpl::kMmaSync;
     return MlaDecodeImpl::kSm90Transposed;
   }
-  // The alternating kernel where the tensor pipe is the bound (more than one 64-head block per
-  // sequence: at h_q 128 it measured 1.01-1.04x the other on average, 0.94-1.14x per pair); at
-  // h_q <= 64 the KV bytes are, and the kernel that keeps a tile loading while it computes the
-  // other is as fast or faster (kernels/mla_decode/NOTES.md).
-  return num_heads_q > 64 ? MlaDecodeImpl::kSm90Alternate : MlaDecodeImpl::kSm90;
+  // The seesaw kernel from 64 heads on: 1.05-1.09x the kernel before it at h_q 128 and
+  // 0.98-1.10x the both-warpgroups kernel at h_q 64 (b = 128, 4K-32K; kernels/mla_decode/NOTES.md
+  // v8). Between 16 and 64 heads (not timed against each other) the both-warpgroups kernel.
+  return num_heads_q >= 64 ? MlaDecodeImpl::kSm90Seesaw : MlaDecodeImpl::kSm90;
 }
 
 int MlaDecodeNumSplits(int batch, int num_heads_q, int max_seqlen, int num_sms, MlaKvDtype kv_dtype,
@@ -140,8 +139,8 @@ absl::Status LaunchMlaDecode(const MlaDecodeParams& params, cudaStream_t stream)
     switch (impl) {
       case MlaDecodeImpl::kSm90Transposed:
         return LaunchMlaDecodeSm90Transposed(params, stream);
-      case MlaDecodeImpl::kSm90Alternate:
-        return LaunchMlaDecodeSm90Alternate(params, stream);
+      case MlaDecodeImpl::kSm90Seesaw:
+        return LaunchMlaDecodeSm90Seesaw(params, stream);
       case MlaDecodeImpl::kSm90:
         return LaunchMlaDecodeSm90(params, stream);
       default:  // kMmaSync (kAuto is resolved above)

@@ -49,15 +49,16 @@ enum class MlaKvDtype { kBf16, kFp8E4M3 };
 
 // Which kernel computes the attention. kAuto (MlaDecodeAutoImpl) takes a Hopper kernel (TMA +
 // wgmma, blocks of 64 heads; fewer heads fill the block's rows and drop the rest) where they apply
-// (bf16 pages on a compute capability 9.x device): kSm90Alternate (the two consumer warpgroups
-// take turns over tiles, mla_decode_sm90_alternate.cu) for h_q > 64, kSm90 (both on every tile,
-// mla_decode_sm90.cu) for h_q 32..64, and at h_q 16 kSm90Transposed (mla_decode_sm90_transposed.cu:
+// (bf16 pages on a compute capability 9.x device): kSm90Seesaw (each warpgroup the scores of
+// its own tile of a pair and half of O, loads refilled box by box; mla_decode_sm90_seesaw.cu) for
+// h_q >= 64, kSm90 (both warpgroups on every tile, a producer warpgroup; mla_decode_sm90.cu) for
+// h_q 32..63, and at h_q 16 kSm90Transposed (mla_decode_sm90_transposed.cu:
 // scores as S^T = K Q^T with the heads as the wgmma's N, for h_q 16 and 32 only), except for a
 // few-row call (batch x max_pages_per_seq <= the SM count), which the mma.sync kernel finishes
 // sooner. Else the mma.sync kernel (blocks of 16, 32 or 64 heads, bf16 or fp8 pages). Naming one
 // forces it (the Hopper kernels fail where they do not apply): for tests and side-by-side
 // benchmarks.
-enum class MlaDecodeImpl { kAuto, kMmaSync, kSm90, kSm90Alternate, kSm90Transposed };
+enum class MlaDecodeImpl { kAuto, kMmaSync, kSm90, kSm90Seesaw, kSm90Transposed };
 
 struct MlaDecodeParams {
   int batch = 0;
@@ -120,10 +121,10 @@ bool MlaDecodeSm90Applies(MlaKvDtype kv_dtype);
 // Whether the transposed Hopper kernel applies: h_q 16 or 32 and MlaDecodeSm90Applies.
 bool MlaDecodeSm90TransposedApplies(int num_heads_q, MlaKvDtype kv_dtype);
 
-// Internal: the Hopper kernels (mla_decode_sm90.cu, mla_decode_sm90_alternate.cu,
+// Internal: the Hopper kernels (mla_decode_sm90.cu, mla_decode_sm90_seesaw.cu,
 // mla_decode_sm90_transposed.cu).
 absl::Status LaunchMlaDecodeSm90(const MlaDecodeParams& params, cudaStream_t stream);
-absl::Status LaunchMlaDecodeSm90Alternate(const MlaDecodeParams& params, cudaStream_t stream);
+absl::Status LaunchMlaDecodeSm90Seesaw(const MlaDecodeParams& params, cudaStream_t stream);
 absl::Status LaunchMlaDecodeSm90Transposed(const MlaDecodeParams& params, cudaStream_t stream);
 
 }  // namespace strata::kernels

@@ -1,7 +1,8 @@
-// What the two Hopper MLA decode kernels share (mla_decode_sm90.cu: both warpgroups on every
-// tile; mla_decode_sm90_alternate.cu: the warpgroups take turns): the block shape, the shared
-// memory of Q and the 2-stage page ring, the producer warp that fills it, the P V instructions and
-// the tensor maps. Included by those two .cu files only.
+// What the two 64-row Hopper MLA decode kernels share (mla_decode_sm90.cu: both warpgroups on
+// every tile, fed by a producer warpgroup through a 2-stage page ring; mla_decode_sm90_seesaw.cu:
+// each warpgroup the scores of its own tile, box-by-box loads): the block shape, the page boxes,
+// a split's tiles, the producer of the ring (sm90), the V tail zeroing, the epilogue, the P V
+// instructions and the tensor maps. Included by those two .cu files only.
 #pragma once
 
 #include <cuda.h>

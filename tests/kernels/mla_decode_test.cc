@@ -258,10 +258,10 @@ TEST_F(MlaDecodeTest, EmptySequenceGivesZeroAndMinusInfLse) {
 
 // kAuto takes a Hopper kernel for bf16 pages on an H200; every kernel is checked by name here, at
 // every block shape (heads 16..128: the Hopper kernels fill 64-row blocks and drop the rest), with
-// odd and even tile counts (the alternating kernel takes tiles in pairs) and partial last tiles.
+// odd and even tile counts (the seesaw kernel takes tiles in pairs) and partial last tiles.
 TEST_F(MlaDecodeTest, EveryKernelAtEveryHeadCount) {
   for (MlaDecodeImpl impl :
-       {MlaDecodeImpl::kMmaSync, MlaDecodeImpl::kSm90, MlaDecodeImpl::kSm90Alternate}) {
+       {MlaDecodeImpl::kMmaSync, MlaDecodeImpl::kSm90, MlaDecodeImpl::kSm90Seesaw}) {
     if (impl != MlaDecodeImpl::kMmaSync && !MlaDecodeSm90Applies(MlaKvDtype::kBf16)) {
       GTEST_SKIP() << "not a compute capability 9.x device";
     }
@@ -309,9 +309,9 @@ TEST_F(MlaDecodeTest, FewRowCallsTakeTheMmaSyncKernel) {
             MlaDecodeImpl::kSm90Transposed);
   EXPECT_EQ(MlaDecodeAutoImpl(16, 16, 17, num_sms, MlaKvDtype::kBf16),
             MlaDecodeImpl::kSm90Transposed);
-  EXPECT_EQ(MlaDecodeAutoImpl(1, 64, 17, num_sms, MlaKvDtype::kBf16), MlaDecodeImpl::kSm90);
-  EXPECT_EQ(MlaDecodeAutoImpl(1, 128, 17, num_sms, MlaKvDtype::kBf16),
-            MlaDecodeImpl::kSm90Alternate);
+  EXPECT_EQ(MlaDecodeAutoImpl(1, 32, 17, num_sms, MlaKvDtype::kBf16), MlaDecodeImpl::kSm90);
+  EXPECT_EQ(MlaDecodeAutoImpl(1, 64, 17, num_sms, MlaKvDtype::kBf16), MlaDecodeImpl::kSm90Seesaw);
+  EXPECT_EQ(MlaDecodeAutoImpl(1, 128, 17, num_sms, MlaKvDtype::kBf16), MlaDecodeImpl::kSm90Seesaw);
   EXPECT_EQ(MlaDecodeAutoImpl(1, 16, 17, num_sms, MlaKvDtype::kFp8E4M3), MlaDecodeImpl::kMmaSync);
   RunCase({16, {1025}, 0, false, MlaDecodeImpl::kAuto}, Seed());
   RunCase({16, {1, 1025, 1040, 700}, 0, false, MlaDecodeImpl::kAuto}, Seed());
