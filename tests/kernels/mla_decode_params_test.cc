@@ -105,6 +105,11 @@ TEST(MlaDecodeParamsTest, SplitsAndWorkspace) {
   // Hopper kernel takes them as 128 blocks of one SM each.
   EXPECT_EQ(MlaDecodeNumSplits(128, 16, 4096, 132, kBf16, MlaDecodeImpl::kMmaSync), 2);
   EXPECT_EQ(MlaDecodeNumSplits(128, 16, 4096, 132, kBf16, MlaDecodeImpl::kSm90), 1);
+  // The seesaw kernel takes tiles in pairs (an odd split is padded with a masked tile): 1,024
+  // tokens (16 tiles) split in 8, where the other Hopper kernel takes one tile a split.
+  EXPECT_EQ(MlaDecodeNumSplits(2, 128, 1024, 132, kBf16, MlaDecodeImpl::kSm90Seesaw), 8);
+  EXPECT_EQ(MlaDecodeNumSplits(2, 128, 1024, 132, kBf16, MlaDecodeImpl::kSm90), 16);
+  EXPECT_EQ(MlaDecodeNumSplits(128, 128, 4096, 132, kBf16, MlaDecodeImpl::kSm90Seesaw), 1);
   EXPECT_EQ(MlaDecodeWorkspaceBytes(8, 64, 1), 0u);
   MlaDecodeParams p = ValidParams();
   p.num_splits = 3;

@@ -294,9 +294,10 @@ TEST_F(MlaDecodeTest, TransposedKernelAtSixteenAndThirtyTwoHeads) {
   }
 }
 
-// kAuto at h_q 16 on a Hopper device: the mma.sync kernel for a few-row call (batch x pages up to
-// the SM count), the transposed one past it; the few-row calls of a decode step (batch 1 and 4,
-// ~1K tokens, split as the engine splits them) against the reference.
+// kAuto on a Hopper device: at h_q 16 the mma.sync kernel for a few-row call (batch x pages up
+// to the SM count), the transposed one past it; from 64 heads the seesaw kernel, except for a
+// few-row call; the few-row calls of a decode step (batch 1 and 4, ~1K tokens, split as the
+// engine splits them) against the reference.
 TEST_F(MlaDecodeTest, FewRowCallsTakeTheMmaSyncKernel) {
   if (!MlaDecodeSm90Applies(MlaKvDtype::kBf16)) {
     GTEST_SKIP() << "not a compute capability 9.x device";
@@ -310,8 +311,11 @@ TEST_F(MlaDecodeTest, FewRowCallsTakeTheMmaSyncKernel) {
   EXPECT_EQ(MlaDecodeAutoImpl(16, 16, 17, num_sms, MlaKvDtype::kBf16),
             MlaDecodeImpl::kSm90Transposed);
   EXPECT_EQ(MlaDecodeAutoImpl(1, 32, 17, num_sms, MlaKvDtype::kBf16), MlaDecodeImpl::kSm90);
-  EXPECT_EQ(MlaDecodeAutoImpl(1, 64, 17, num_sms, MlaKvDtype::kBf16), MlaDecodeImpl::kSm90Seesaw);
-  EXPECT_EQ(MlaDecodeAutoImpl(1, 128, 17, num_sms, MlaKvDtype::kBf16), MlaDecodeImpl::kSm90Seesaw);
+  EXPECT_EQ(MlaDecodeAutoImpl(1, 64, 17, num_sms, MlaKvDtype::kBf16), MlaDecodeImpl::kSm90);
+  EXPECT_EQ(MlaDecodeAutoImpl(1, 128, 17, num_sms, MlaKvDtype::kBf16), MlaDecodeImpl::kSm90);
+  EXPECT_EQ(MlaDecodeAutoImpl(16, 64, 17, num_sms, MlaKvDtype::kBf16), MlaDecodeImpl::kSm90Seesaw);
+  EXPECT_EQ(MlaDecodeAutoImpl(128, 128, 512, num_sms, MlaKvDtype::kBf16),
+            MlaDecodeImpl::kSm90Seesaw);
   EXPECT_EQ(MlaDecodeAutoImpl(1, 16, 17, num_sms, MlaKvDtype::kFp8E4M3), MlaDecodeImpl::kMmaSync);
   RunCase({16, {1025}, 0, false, MlaDecodeImpl::kAuto}, Seed());
   RunCase({16, {1, 1025, 1040, 700}, 0, false, MlaDecodeImpl::kAuto}, Seed());
