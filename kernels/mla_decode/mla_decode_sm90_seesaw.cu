@@ -18,9 +18,9 @@
 // a box is refilled as soon as its last reader is done: the loads run under the other
 // warpgroup's tensor work instead of between pairs (the alternating kernel this one replaced
 // refilled a page only once both P V halves of it were done and paid that wait at every pair;
-// kernels/mla_decode/NOTES.md v4, v8). Q's rope box lives in
-// registers (it is read by every score of the block), which frees shared memory for the two P
-// tiles. The two warpgroups meet at four named barriers per pair.
+// kernels/mla_decode/NOTES.md v4, v8). Q's rope box lives in registers (it is read by every
+// score of the block), which frees shared memory for the two P tiles. The two warpgroups meet at
+// four named barriers per pair.
 #include "common/cuda/cuda_status.h"
 #include "kernels/common/pdl.cuh"
 #include "kernels/mla_decode/mla_decode_sm90.cuh"
@@ -126,13 +126,14 @@ __device__ __forceinline__ uint64_t FreshDesc(const uint8_t* p) {
 }
 
 // The scores of one box of a tile: 4 k-steps (Q from shared memory, or the rope box from
-// registers), after the box's barrier; one commit group. qd / kd: descriptors of Q's and the
+// registers), after the box's barrier (unless !wait: scores that are thrown away, over whatever
+// the buffer holds); one commit group. qd / kd: descriptors of Q's and the
 // tile's first box (a box is 8,192 B on, a k-step 32 B: (bytes >> 4) in the address field).
 template <int kBox>
 __device__ __forceinline__ void ScoresOfBox(float (&s)[8][4], uint64_t qd, uint64_t kd,
                                             const uint32_t (&rq)[4][4], uint64_t* bars,
-                                            uint32_t parity, bool first) {
-  MbarWait(&bars[kBox], parity);
+                                            uint32_t parity, bool first, bool wait = true) {
+  if (wait) MbarWait(&bars[kBox], parity);
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk) {
     const uint64_t step = (kBox * kBoxBytes + kk * 32) >> 4;
@@ -272,13 +273,14 @@ __device__ __forceinline__ void ZeroTail(const Block& blk, uint8_t* kv, int vali
 }
 
 // Warpgroup 0's part of pair k (tiles 2k in K0, 2k + 1 in K1); s holds S of tile 2k on entry and
-// S of tile 2k + 2 on return (kNext).
-template <bool kNext>
+// S of tile 2k + 2 on return. After the last pair (!more) nothing is loaded and the scores it
+// still computes, over the buffers as they are, are thrown away: one copy of the pair's code
+// (with a second one for the last pair the kernel was 40 % larger and 1-3 % slower).
 __device__ __forceinline__ void PairWg0(const Block& blk, int k, float (&s)[8][4], float (&o)[128],
-                                        float (&l)[2], const uint32_t (&rq)[4][4]) {
+                                        float (&l)[2], const uint32_t (&rq)[4][4], bool more) {
   const int i0 = 2 * k;
   // The next pair's pages, read now: the loads below are issued without waiting for them.
-  const int next0 = kNext ? blk.Page(i0 + 2) : 0, next1 = kNext ? blk.Page(i0 + 3) : 0;
+  const int next0 = blk.Page(i0 + 2), next1 = blk.Page(i0 + 3);
   float mx[2], m0[2], base[2], scale0[2], sum[2];
   uint32_t pa[4][4];
   ScaleMaskMax(s, blk.token0 + i0 * kTile, blk.limit, blk.lane(), blk.scale_log2, mx);
@@ -307,7 +309,7 @@ __device__ __forceinline__ void PairWg0(const Block& blk, int k, float (&s)[8][4
   PvLocal(o, pa, blk.k0(), 0);
   WgmmaWait<0>();
   PinRegisters(o);
-  if (kNext && blk.t() == 0) LoadBoxes(blk.kv_map, blk.k0(), next0, blk.bars0(), 0, 4);
+  if (more && blk.t() == 0) LoadBoxes(blk.kv_map, blk.k0(), next0, blk.bars0(), 0, 4);
 
   NamedBarrier(kBarScale1, kSeesawThreads);  // m1 and scale1 are in shared memory
   float scale1[2];
@@ -324,33 +326,30 @@ __device__ __forceinline__ void PairWg0(const Block& blk, int k, float (&s)[8][4
   NamedBarrier(kBarPvIssued, kSeesawThreads);  // P1 is in shared memory
   ScaleRows(o, scale1);
   PvRemote(o, blk.p1(), blk.k1(), 0);
-  if constexpr (kNext) {
-    const uint32_t parity = (k + 1) & 1;
-    const uint64_t qd = FreshDesc(blk.sq()), kd = FreshDesc(blk.k0());
-    WgmmaFence();
-    ScoresOfBox<0>(s, qd, kd, rq, blk.bars0(), parity, true);
-    ScoresOfBox<1>(s, qd, kd, rq, blk.bars0(), parity, false);
-    ScoresOfBox<2>(s, qd, kd, rq, blk.bars0(), parity, false);
-    ScoresOfBox<3>(s, qd, kd, rq, blk.bars0(), parity, false);
-    WgmmaWait<4>();  // P1 V1_L is done: K1's boxes 0-3 are free
-    if (blk.t() == 0) LoadBoxes(blk.kv_map, blk.k1(), next1, blk.bars1(), 0, 4);
-    ScoresOfBox<4>(s, qd, kd, rq, blk.bars0(), parity, false);
-    ScoresOfBox<5>(s, qd, kd, rq, blk.bars0(), parity, false);
-    ScoresOfBox<6>(s, qd, kd, rq, blk.bars0(), parity, false);
-    ScoresOfBox<7>(s, qd, kd, rq, blk.bars0(), parity, false);
-    ScoresOfBox<8>(s, qd, kd, rq, blk.bars0(), parity, false);
-  }
+  const uint32_t parity = (k + 1) & 1;
+  const uint64_t qd = FreshDesc(blk.sq()), kd = FreshDesc(blk.k0());
+  WgmmaFence();
+  ScoresOfBox<0>(s, qd, kd, rq, blk.bars0(), parity, true, more);
+  ScoresOfBox<1>(s, qd, kd, rq, blk.bars0(), parity, false, more);
+  ScoresOfBox<2>(s, qd, kd, rq, blk.bars0(), parity, false, more);
+  ScoresOfBox<3>(s, qd, kd, rq, blk.bars0(), parity, false, more);
+  WgmmaWait<4>();  // P1 V1_L is done: K1's boxes 0-3 are free
+  if (more && blk.t() == 0) LoadBoxes(blk.kv_map, blk.k1(), next1, blk.bars1(), 0, 4);
+  ScoresOfBox<4>(s, qd, kd, rq, blk.bars0(), parity, false, more);
+  ScoresOfBox<5>(s, qd, kd, rq, blk.bars0(), parity, false, more);
+  ScoresOfBox<6>(s, qd, kd, rq, blk.bars0(), parity, false, more);
+  ScoresOfBox<7>(s, qd, kd, rq, blk.bars0(), parity, false, more);
+  ScoresOfBox<8>(s, qd, kd, rq, blk.bars0(), parity, false, more);
   WgmmaWait<0>();
   PinRegisters(o);
   PinRegisters(s);
 }
 
 // Warpgroup 1's part of pair k; s holds S of tile 2k + 1 on entry and of tile 2k + 3 on return.
-template <bool kNext>
 __device__ __forceinline__ void PairWg1(const Block& blk, int k, float (&s)[8][4], float (&o)[128],
-                                        float (&l)[2], const uint32_t (&rq)[4][4]) {
+                                        float (&l)[2], const uint32_t (&rq)[4][4], bool more) {
   const int i1 = 2 * k + 1;
-  const int next0 = kNext ? blk.Page(i1 + 1) : 0, next1 = kNext ? blk.Page(i1 + 2) : 0;
+  const int next0 = blk.Page(i1 + 1), next1 = blk.Page(i1 + 2);
   float mx[2], m1[2], base[2], f[2], sum[2];
   uint32_t pa[4][4];
   ScaleMaskMax(s, blk.token0 + i1 * kTile, blk.limit, blk.lane(), blk.scale_log2, mx);
@@ -381,24 +380,22 @@ __device__ __forceinline__ void PairWg1(const Block& blk, int k, float (&s)[8][4
   ZeroTail(blk, blk.k0(), blk.Valid(i1 - 1), 1);
   PvRemote(o, blk.p0(), blk.k0(), 1);
   NamedBarrierArrive(kBarPvIssued, kSeesawThreads);
-  if constexpr (kNext) {
-    WgmmaWait<1>();  // P1 V1_R is done: K1's boxes 4-8 are free
-    if (blk.t() == 0) LoadBoxes(blk.kv_map, blk.k1(), next1, blk.bars1(), 4, kBoxes);
-    WgmmaWait<0>();  // P0 V0_R is done: K0's boxes 4-8 are free
-    if (blk.t() == 0) LoadBoxes(blk.kv_map, blk.k0(), next0, blk.bars0(), 4, kBoxes);
-    const uint32_t parity = (k + 1) & 1;
-    const uint64_t qd = FreshDesc(blk.sq()), kd = FreshDesc(blk.k1());
-    WgmmaFence();
-    ScoresOfBox<4>(s, qd, kd, rq, blk.bars1(), parity, true);
-    ScoresOfBox<5>(s, qd, kd, rq, blk.bars1(), parity, false);
-    ScoresOfBox<6>(s, qd, kd, rq, blk.bars1(), parity, false);
-    ScoresOfBox<7>(s, qd, kd, rq, blk.bars1(), parity, false);
-    ScoresOfBox<8>(s, qd, kd, rq, blk.bars1(), parity, false);
-    ScoresOfBox<0>(s, qd, kd, rq, blk.bars1(), parity, false);
-    ScoresOfBox<1>(s, qd, kd, rq, blk.bars1(), parity, false);
-    ScoresOfBox<2>(s, qd, kd, rq, blk.bars1(), parity, false);
-    ScoresOfBox<3>(s, qd, kd, rq, blk.bars1(), parity, false);
-  }
+  WgmmaWait<1>();  // P1 V1_R is done: K1's boxes 4-8 are free
+  if (more && blk.t() == 0) LoadBoxes(blk.kv_map, blk.k1(), next1, blk.bars1(), 4, kBoxes);
+  WgmmaWait<0>();  // P0 V0_R is done: K0's boxes 4-8 are free
+  if (more && blk.t() == 0) LoadBoxes(blk.kv_map, blk.k0(), next0, blk.bars0(), 4, kBoxes);
+  const uint32_t parity = (k + 1) & 1;
+  const uint64_t qd = FreshDesc(blk.sq()), kd = FreshDesc(blk.k1());
+  WgmmaFence();
+  ScoresOfBox<4>(s, qd, kd, rq, blk.bars1(), parity, true, more);
+  ScoresOfBox<5>(s, qd, kd, rq, blk.bars1(), parity, false, more);
+  ScoresOfBox<6>(s, qd, kd, rq, blk.bars1(), parity, false, more);
+  ScoresOfBox<7>(s, qd, kd, rq, blk.bars1(), parity, false, more);
+  ScoresOfBox<8>(s, qd, kd, rq, blk.bars1(), parity, false, more);
+  ScoresOfBox<0>(s, qd, kd, rq, blk.bars1(), parity, false, more);
+  ScoresOfBox<1>(s, qd, kd, rq, blk.bars1(), parity, false, more);
+  ScoresOfBox<2>(s, qd, kd, rq, blk.bars1(), parity, false, more);
+  ScoresOfBox<3>(s, qd, kd, rq, blk.bars1(), parity, false, more);
   WgmmaWait<0>();
   PinRegisters(o);
   PinRegisters(s);
@@ -467,8 +464,7 @@ __global__ void __launch_bounds__(kSeesawThreads, 1)
       ScoresOfBox<8>(s, qd, kd, rq, blk.bars0(), 0, false);
       WgmmaWait<0>();
       PinRegisters(s);
-      for (int k = 0; k + 1 < pairs; ++k) PairWg0<true>(blk, k, s, o, l, rq);
-      PairWg0<false>(blk, pairs - 1, s, o, l, rq);
+      for (int k = 0; k < pairs; ++k) PairWg0(blk, k, s, o, l, rq, k + 1 < pairs);
     } else {
       const uint64_t qd = FreshDesc(blk.sq()), kd = FreshDesc(blk.k1());
       ScoresOfBox<4>(s, qd, kd, rq, blk.bars1(), 0, true);
@@ -482,8 +478,7 @@ __global__ void __launch_bounds__(kSeesawThreads, 1)
       ScoresOfBox<3>(s, qd, kd, rq, blk.bars1(), 0, false);
       WgmmaWait<0>();
       PinRegisters(s);
-      for (int k = 0; k + 1 < pairs; ++k) PairWg1<true>(blk, k, s, o, l, rq);
-      PairWg1<false>(blk, pairs - 1, s, o, l, rq);
+      for (int k = 0; k < pairs; ++k) PairWg1(blk, k, s, o, l, rq, k + 1 < pairs);
     }
   }
   NamedBarrier(kBarEnd, kSeesawThreads);  // the last pair's m is in shared memory
