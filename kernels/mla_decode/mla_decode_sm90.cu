@@ -160,20 +160,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     NamedBarrier(1, kConsumerThreads);
 
     // O[:, 256 wg ..) = alpha O + P V.
-#pragma unroll
-    for (int j = 0; j < 32; ++j) {
-      o[4 * j] *= alpha[0];
-      o[4 * j + 1] *= alpha[0];
-      o[4 * j + 2] *= alpha[1];
-      o[4 * j + 3] *= alpha[1];
-    }
-    WgmmaFence();
-#pragma unroll
-    for (int kk = 0; kk < kTile / 16; ++kk) {
-      WgmmaM64N256(o, DescKMajorSw128(ptile + kk * 32),
-                   DescMnMajorSw128(kvs + 4 * wg * kBoxBytes + kk * 16 * 128));
-    }
-    WgmmaCommit();
+    ScaleRows(o, alpha);
+    PvFromSharedP(o, ptile, kvs, wg);
     WgmmaWait<0>();
     PinRegisters(o);
     MbarArrive(&empty[stage]);

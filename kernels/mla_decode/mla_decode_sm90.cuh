@@ -216,6 +216,31 @@ __device__ __forceinline__ void WgmmaM64N256Rs(float (&d)[128], const uint32_t (
 #undef STRATA_F16
 #undef STRATA_F4
 
+// Scales this thread's two rows of an O half (128 accumulators) by f[0] and f[1].
+__device__ __forceinline__ void ScaleRows(float (&o)[128], const float (&f)[2]) {
+#pragma unroll
+  for (int j = 0; j < 32; ++j) {
+    o[4 * j] *= f[0];
+    o[4 * j + 1] *= f[0];
+    o[4 * j + 2] *= f[1];
+    o[4 * j + 3] *= f[1];
+  }
+}
+
+// o += P V_half over one tile (half = which 256 value columns: boxes 4 half .. 4 half + 3 of the
+// tile's K layout, read MN-major), P (64 x 64) from the swizzled shared tile `ptile`. Issued and
+// committed, not waited.
+__device__ __forceinline__ void PvFromSharedP(float (&o)[128], const uint8_t* ptile,
+                                              const uint8_t* kv, int half) {
+  WgmmaFence();
+#pragma unroll
+  for (int kk = 0; kk < kTile / 16; ++kk) {
+    WgmmaM64N256(o, DescKMajorSw128(ptile + kk * 32),
+                 DescMnMajorSw128(kv + 4 * half * kBoxBytes + kk * 16 * 128));
+  }
+  WgmmaCommit();
+}
+
 // Q and the pages as [rows][576] bf16 matrices read in boxes of 64 dims: 64 page rows (tokens),
 // `q_box_rows` Q rows (heads).
 inline absl::Status EncodeMlaSm90Maps(const MlaDecodeParams& params, CUtensorMap* q_map,

@@ -21,6 +21,8 @@
 // kernels/mla_decode/NOTES.md v4, v8). Q's rope box lives in registers (it is read by every
 // score of the block), which frees shared memory for the two P tiles. The two warpgroups meet at
 // four named barriers per pair.
+#include <utility>
+
 #include "common/cuda/cuda_status.h"
 #include "kernels/common/pdl.cuh"
 #include "kernels/mla_decode/mla_decode_sm90.cuh"
@@ -94,17 +96,6 @@ __device__ __forceinline__ uint32_t PackBf16(float lo, float hi, float& sum) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
-// Scales this thread's two rows of an O half (128 accumulators) by f[0] and f[1].
-__device__ __forceinline__ void ScaleRows(float (&o)[128], const float (&f)[2]) {
-#pragma unroll
-  for (int j = 0; j < 32; ++j) {
-    o[4 * j] *= f[0];
-    o[4 * j + 1] *= f[0];
-    o[4 * j + 2] *= f[1];
-    o[4 * j + 3] *= f[1];
-  }
-}
-
 // A running maximum as the base of exp2: -inf (no key seen yet) as 0, so 2^(-inf - 0) = 0.
 __device__ __forceinline__ float Base(float m) { return m == -INFINITY ? 0.f : m; }
 
@@ -144,6 +135,24 @@ __device__ __forceinline__ void ScoresOfBox(float (&s)[8][4], uint64_t qd, uint6
     }
   }
   WgmmaCommit();
+}
+
+// The scores of boxes kFirst, kFirst + 1, ... (kCount of them, wrapping after the rope box), in
+// that order: the order in which the buffer's boxes were loaded. `first`: the first box starts
+// the accumulation.
+template <int kFirst, int... kI>
+__device__ __forceinline__ void ScoresOfBoxes(std::integer_sequence<int, kI...>, float (&s)[8][4],
+                                              uint64_t qd, uint64_t kd, const uint32_t (&rq)[4][4],
+                                              uint64_t* bars, uint32_t parity, bool first,
+                                              bool wait) {
+  (ScoresOfBox<(kFirst + kI) % kBoxes>(s, qd, kd, rq, bars, parity, first && kI == 0, wait), ...);
+}
+template <int kFirst, int kCount>
+__device__ __forceinline__ void ScoresOfBoxes(float (&s)[8][4], uint64_t qd, uint64_t kd,
+                                              const uint32_t (&rq)[4][4], uint64_t* bars,
+                                              uint32_t parity, bool first, bool wait = true) {
+  ScoresOfBoxes<kFirst>(std::make_integer_sequence<int, kCount>{}, s, qd, kd, rq, bars, parity,
+                        first, wait);
 }
 
 // This thread's A fragments of Q's rope box (64 rows x 64 dims, swizzled, at `box`).
@@ -204,23 +213,14 @@ __device__ __forceinline__ void StoreP(const uint32_t (&pa)[4][4], int row0, int
   FenceProxyAsync();
 }
 
-// o += P V_half over one tile, P from registers or from a shared tile. Issued and committed.
-__device__ __forceinline__ void PvLocal(float (&o)[128], const uint32_t (&pa)[4][4],
-                                        const uint8_t* kv, int half) {
+// o += P V_half over one tile, P from registers (PvFromSharedP: from a shared tile). Issued and
+// committed.
+__device__ __forceinline__ void PvFromRegisterP(float (&o)[128], const uint32_t (&pa)[4][4],
+                                                const uint8_t* kv, int half) {
   WgmmaFence();
 #pragma unroll
   for (int kk = 0; kk < kTile / 16; ++kk) {
     WgmmaM64N256Rs(o, pa[kk], DescMnMajorSw128(kv + 4 * half * kBoxBytes + kk * 16 * 128));
-  }
-  WgmmaCommit();
-}
-__device__ __forceinline__ void PvRemote(float (&o)[128], const uint8_t* ptile, const uint8_t* kv,
-                                         int half) {
-  WgmmaFence();
-#pragma unroll
-  for (int kk = 0; kk < kTile / 16; ++kk) {
-    WgmmaM64N256(o, DescKMajorSw128(ptile + kk * 32),
-                 DescMnMajorSw128(kv + 4 * half * kBoxBytes + kk * 16 * 128));
   }
   WgmmaCommit();
 }
@@ -306,7 +306,7 @@ __device__ __forceinline__ void PairWg0(const Block& blk, int k, float (&s)[8][4
 #pragma unroll
   for (int r = 0; r < 2; ++r) l[r] = l[r] * scale0[r] + sum[r];
   ZeroTail(blk, blk.k0(), blk.Valid(i0), 0);
-  PvLocal(o, pa, blk.k0(), 0);
+  PvFromRegisterP(o, pa, blk.k0(), 0);
   WgmmaWait<0>();
   PinRegisters(o);
   if (more && blk.t() == 0) LoadBoxes(blk.kv_map, blk.k0(), next0, blk.bars0(), 0, 4);
@@ -325,21 +325,14 @@ __device__ __forceinline__ void PairWg0(const Block& blk, int k, float (&s)[8][4
   ZeroTail(blk, blk.k1(), blk.Valid(i0 + 1), 0);
   NamedBarrier(kBarPvIssued, kSeesawThreads);  // P1 is in shared memory
   ScaleRows(o, scale1);
-  PvRemote(o, blk.p1(), blk.k1(), 0);
+  PvFromSharedP(o, blk.p1(), blk.k1(), 0);
   const uint32_t parity = (k + 1) & 1;
   const uint64_t qd = FreshDesc(blk.sq()), kd = FreshDesc(blk.k0());
   WgmmaFence();
-  ScoresOfBox<0>(s, qd, kd, rq, blk.bars0(), parity, true, more);
-  ScoresOfBox<1>(s, qd, kd, rq, blk.bars0(), parity, false, more);
-  ScoresOfBox<2>(s, qd, kd, rq, blk.bars0(), parity, false, more);
-  ScoresOfBox<3>(s, qd, kd, rq, blk.bars0(), parity, false, more);
+  ScoresOfBoxes<0, 4>(s, qd, kd, rq, blk.bars0(), parity, true, more);
   WgmmaWait<4>();  // P1 V1_L is done: K1's boxes 0-3 are free
   if (more && blk.t() == 0) LoadBoxes(blk.kv_map, blk.k1(), next1, blk.bars1(), 0, 4);
-  ScoresOfBox<4>(s, qd, kd, rq, blk.bars0(), parity, false, more);
-  ScoresOfBox<5>(s, qd, kd, rq, blk.bars0(), parity, false, more);
-  ScoresOfBox<6>(s, qd, kd, rq, blk.bars0(), parity, false, more);
-  ScoresOfBox<7>(s, qd, kd, rq, blk.bars0(), parity, false, more);
-  ScoresOfBox<8>(s, qd, kd, rq, blk.bars0(), parity, false, more);
+  ScoresOfBoxes<4, 5>(s, qd, kd, rq, blk.bars0(), parity, false, more);
   WgmmaWait<0>();
   PinRegisters(o);
   PinRegisters(s);
@@ -374,11 +367,11 @@ __device__ __forceinline__ void PairWg1(const Block& blk, int k, float (&s)[8][4
 #pragma unroll
   for (int r = 0; r < 2; ++r) l[r] = l[r] * f[r] + sum[r];
   ZeroTail(blk, blk.k1(), blk.Valid(i1), 1);
-  PvLocal(o, pa, blk.k1(), 1);
+  PvFromRegisterP(o, pa, blk.k1(), 1);
   NamedBarrier(kBarP0, kSeesawThreads);  // P0 scale1 is in shared memory
   for (int box = 4; box < 8; ++box) MbarWait(&blk.bars0()[box], k & 1);  // for visibility
   ZeroTail(blk, blk.k0(), blk.Valid(i1 - 1), 1);
-  PvRemote(o, blk.p0(), blk.k0(), 1);
+  PvFromSharedP(o, blk.p0(), blk.k0(), 1);
   NamedBarrierArrive(kBarPvIssued, kSeesawThreads);
   WgmmaWait<1>();  // P1 V1_R is done: K1's boxes 4-8 are free
   if (more && blk.t() == 0) LoadBoxes(blk.kv_map, blk.k1(), next1, blk.bars1(), 4, kBoxes);
@@ -387,15 +380,7 @@ __device__ __forceinline__ void PairWg1(const Block& blk, int k, float (&s)[8][4
   const uint32_t parity = (k + 1) & 1;
   const uint64_t qd = FreshDesc(blk.sq()), kd = FreshDesc(blk.k1());
   WgmmaFence();
-  ScoresOfBox<4>(s, qd, kd, rq, blk.bars1(), parity, true, more);
-  ScoresOfBox<5>(s, qd, kd, rq, blk.bars1(), parity, false, more);
-  ScoresOfBox<6>(s, qd, kd, rq, blk.bars1(), parity, false, more);
-  ScoresOfBox<7>(s, qd, kd, rq, blk.bars1(), parity, false, more);
-  ScoresOfBox<8>(s, qd, kd, rq, blk.bars1(), parity, false, more);
-  ScoresOfBox<0>(s, qd, kd, rq, blk.bars1(), parity, false, more);
-  ScoresOfBox<1>(s, qd, kd, rq, blk.bars1(), parity, false, more);
-  ScoresOfBox<2>(s, qd, kd, rq, blk.bars1(), parity, false, more);
-  ScoresOfBox<3>(s, qd, kd, rq, blk.bars1(), parity, false, more);
+  ScoresOfBoxes<4, 9>(s, qd, kd, rq, blk.bars1(), parity, true, more);
   WgmmaWait<0>();
   PinRegisters(o);
   PinRegisters(s);
@@ -453,29 +438,13 @@ __global__ void __launch_bounds__(kSeesawThreads, 1)
     WgmmaFence();
     if (blk.wg() == 0) {
       const uint64_t qd = FreshDesc(blk.sq()), kd = FreshDesc(blk.k0());
-      ScoresOfBox<0>(s, qd, kd, rq, blk.bars0(), 0, true);
-      ScoresOfBox<1>(s, qd, kd, rq, blk.bars0(), 0, false);
-      ScoresOfBox<2>(s, qd, kd, rq, blk.bars0(), 0, false);
-      ScoresOfBox<3>(s, qd, kd, rq, blk.bars0(), 0, false);
-      ScoresOfBox<4>(s, qd, kd, rq, blk.bars0(), 0, false);
-      ScoresOfBox<5>(s, qd, kd, rq, blk.bars0(), 0, false);
-      ScoresOfBox<6>(s, qd, kd, rq, blk.bars0(), 0, false);
-      ScoresOfBox<7>(s, qd, kd, rq, blk.bars0(), 0, false);
-      ScoresOfBox<8>(s, qd, kd, rq, blk.bars0(), 0, false);
+      ScoresOfBoxes<0, 9>(s, qd, kd, rq, blk.bars0(), 0, true);
       WgmmaWait<0>();
       PinRegisters(s);
       for (int k = 0; k < pairs; ++k) PairWg0(blk, k, s, o, l, rq, k + 1 < pairs);
     } else {
       const uint64_t qd = FreshDesc(blk.sq()), kd = FreshDesc(blk.k1());
-      ScoresOfBox<4>(s, qd, kd, rq, blk.bars1(), 0, true);
-      ScoresOfBox<5>(s, qd, kd, rq, blk.bars1(), 0, false);
-      ScoresOfBox<6>(s, qd, kd, rq, blk.bars1(), 0, false);
-      ScoresOfBox<7>(s, qd, kd, rq, blk.bars1(), 0, false);
-      ScoresOfBox<8>(s, qd, kd, rq, blk.bars1(), 0, false);
-      ScoresOfBox<0>(s, qd, kd, rq, blk.bars1(), 0, false);
-      ScoresOfBox<1>(s, qd, kd, rq, blk.bars1(), 0, false);
-      ScoresOfBox<2>(s, qd, kd, rq, blk.bars1(), 0, false);
-      ScoresOfBox<3>(s, qd, kd, rq, blk.bars1(), 0, false);
+      ScoresOfBoxes<4, 9>(s, qd, kd, rq, blk.bars1(), 0, true);
       WgmmaWait<0>();
       PinRegisters(s);
       for (int k = 0; k < pairs; ++k) PairWg1(blk, k, s, o, l, rq, k + 1 < pairs);
