@@ -118,8 +118,8 @@ __device__ __forceinline__ uint64_t FreshDesc(const uint8_t* p) {
 
 // The scores of one box of a tile: 4 k-steps (Q from shared memory, or the rope box from
 // registers), after the box's barrier (unless !wait: scores that are thrown away, over whatever
-// the buffer holds); one commit group. qd / kd: descriptors of Q's and the
-// tile's first box (a box is 8,192 B on, a k-step 32 B: (bytes >> 4) in the address field).
+// the buffer holds); one commit group. qd / kd: descriptors of Q's and the tile's first box (a
+// box is 8,192 B on, a k-step 32 B: (bytes >> 4) in the address field).
 template <int kBox>
 __device__ __forceinline__ void ScoresOfBox(float (&s)[8][4], uint64_t qd, uint64_t kd,
                                             const uint32_t (&rq)[4][4], uint64_t* bars,
