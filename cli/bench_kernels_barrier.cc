@@ -10,6 +10,7 @@
 
 #include "cli/bench_kernels_timing.h"
 #include "common/cuda/cuda_status.h"
+#include "common/cuda/graph_capture.h"
 #include "common/status.h"
 #include "kernels/common/grid_barrier.h"
 #include "kernels/common/sm90_device.h"
@@ -24,18 +25,30 @@ constexpr int kRoundsPerLaunch = 2000;  // one persistent launch: the launch cos
 constexpr int kGraphLaunches = 100;     // launches captured into one graph
 constexpr int kGraphRounds = 20;        // rounds per barrier launch inside the graph
 
-// A graph of kGraphLaunches launches of `base`, rounds numbered on from one launch to the next.
+// A graph of kGraphLaunches launches of Capture's `p`, rounds numbered on from one launch to
+// the next.
 class RoundsGraph {
  public:
   ~RoundsGraph() {
     if (exec_ != nullptr) (void)cudaGraphExecDestroy(exec_);
   }
-  absl::Status Capture(GridRoundsParams base) {
+  absl::Status Capture(GridRoundsParams p) {
     cudaStream_t stream;
     CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-    absl::Status st = CaptureOn(base, stream);
+    absl::StatusOr<cudaGraphExec_t> exec = CaptureGraph(
+        stream,
+        [&]() -> absl::Status {
+          for (int i = 0; i < kGraphLaunches; ++i) {
+            RETURN_IF_ERROR(kernels::LaunchGridRounds(p, stream));
+            p.first_round += p.rounds;
+          }
+          return absl::OkStatus();
+        },
+        "grid rounds");
     (void)cudaStreamDestroy(stream);
-    return st;
+    if (!exec.ok()) return exec.status();
+    exec_ = *exec;
+    return absl::OkStatus();
   }
   absl::Status Launch() const {
     CUDA_RETURN_IF_ERROR(cudaGraphLaunch(exec_, nullptr));
@@ -43,22 +56,6 @@ class RoundsGraph {
   }
 
  private:
-  absl::Status CaptureOn(GridRoundsParams p, cudaStream_t stream) {
-    CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-    absl::Status st;
-    for (int i = 0; i < kGraphLaunches && st.ok(); ++i) {
-      st = kernels::LaunchGridRounds(p, stream);
-      p.first_round += p.rounds;
-    }
-    cudaGraph_t graph = nullptr;
-    const cudaError_t end = cudaStreamEndCapture(stream, &graph);
-    RETURN_IF_ERROR(st);
-    CUDA_RETURN_IF_ERROR(end);
-    const cudaError_t made = cudaGraphInstantiate(&exec_, graph, 0);
-    (void)cudaGraphDestroy(graph);
-    CUDA_RETURN_IF_ERROR(made);
-    return absl::OkStatus();
-  }
   cudaGraphExec_t exec_ = nullptr;
 };
 

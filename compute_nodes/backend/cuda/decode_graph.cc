@@ -1,6 +1,8 @@
 #include "compute_nodes/backend/cuda/decode_graph.h"
 
 #include "common/cuda/cuda_status.h"
+#include "common/cuda/graph_capture.h"
+#include "common/status.h"
 
 namespace strata::cuda {
 
@@ -25,20 +27,7 @@ absl::Status DecodeGraphs::Run(const DecodeGraphKey& key, cudaStream_t stream,
       ++it;
     }
   }
-  CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  const absl::Status enqueued = enqueue();
-  cudaGraph_t graph = nullptr;
-  const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
-  if (!enqueued.ok() || ended != cudaSuccess) {
-    if (graph != nullptr) (void)cudaGraphDestroy(graph);
-    (void)cudaGetLastError();  // a failed capture leaves its error behind
-    if (!enqueued.ok()) return enqueued;
-    return CudaStatus(ended, "cudaStreamEndCapture (decode step)");
-  }
-  cudaGraphExec_t exec = nullptr;
-  const cudaError_t made = cudaGraphInstantiate(&exec, graph, 0);
-  (void)cudaGraphDestroy(graph);
-  CUDA_RETURN_IF_ERROR(made);
+  ASSIGN_OR_RETURN(cudaGraphExec_t exec, CaptureGraph(stream, enqueue, "decode step"));
   graphs_[key] = exec;
   ++captures_;
   CUDA_RETURN_IF_ERROR(cudaGraphLaunch(exec, stream));
