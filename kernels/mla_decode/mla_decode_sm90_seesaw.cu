@@ -272,6 +272,30 @@ __device__ __forceinline__ void ZeroTail(const Block& blk, uint8_t* kv, int vali
   NamedBarrier(kBarTail + blk.wg(), 128);
 }
 
+// The running maxima of this thread's two rows after a tile whose row maxima are mx: m_new =
+// max(m, mx) against the shared m, base = Base(m_new) and scale = 2^(m - base) (what the sums
+// against m are worth against m_new). Once every lane of the warp has read m (the four lanes of a
+// row read the word that lane 4i then writes), lane 4i stores m_new and the scale into `scales`.
+__device__ __forceinline__ void AdvanceRowMax(const Block& blk, const float (&mx)[2], float* scales,
+                                              float (&base)[2], float (&scale)[2]) {
+  float m_new[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const float m = blk.row_max()[blk.row0() + 8 * r];
+    m_new[r] = fmaxf(m, mx[r]);
+    base[r] = Base(m_new[r]);
+    scale[r] = exp2f(m - base[r]);
+  }
+  __syncwarp();
+  if (blk.lane() % 4 == 0) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      blk.row_max()[blk.row0() + 8 * r] = m_new[r];
+      scales[blk.row0() + 8 * r] = scale[r];
+    }
+  }
+}
+
 // Warpgroup 0's part of pair k (tiles 2k in K0, 2k + 1 in K1); s holds S of tile 2k on entry and
 // S of tile 2k + 2 on return. After the last pair (!more) nothing is loaded and the scores it
 // still computes, over the buffers as they are, are thrown away: one copy of the pair's code
@@ -281,25 +305,10 @@ __device__ __forceinline__ void PairWg0(const Block& blk, int k, float (&s)[8][4
   const int i0 = 2 * k;
   // The next pair's pages, read now: the loads below are issued without waiting for them.
   const int next0 = blk.Page(i0 + 2), next1 = blk.Page(i0 + 3);
-  float mx[2], m0[2], base[2], scale0[2], sum[2];
+  float mx[2], base[2], scale0[2], sum[2];
   uint32_t pa[4][4];
   ScaleMaskMax(s, blk.token0 + i0 * kTile, blk.limit, blk.lane(), blk.scale_log2, mx);
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = blk.row0() + 8 * r;
-    const float m = blk.row_max()[row];
-    m0[r] = fmaxf(m, mx[r]);
-    base[r] = Base(m0[r]);
-    scale0[r] = exp2f(m - base[r]);
-  }
-  __syncwarp();
-  if (blk.lane() % 4 == 0) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      blk.row_max()[blk.row0() + 8 * r] = m0[r];
-      blk.scale0()[blk.row0() + 8 * r] = scale0[r];
-    }
-  }
+  AdvanceRowMax(blk, mx, blk.scale0(), base, scale0);
   NamedBarrierArrive(kBarScale0, kSeesawThreads);
   ScaleRows(o, scale0);
   ExpToP(s, base, pa, sum);
@@ -343,23 +352,13 @@ __device__ __forceinline__ void PairWg1(const Block& blk, int k, float (&s)[8][4
                                         float (&l)[2], const uint32_t (&rq)[4][4], bool more) {
   const int i1 = 2 * k + 1;
   const int next0 = blk.Page(i1 + 1), next1 = blk.Page(i1 + 2);
-  float mx[2], m1[2], base[2], f[2], sum[2];
+  float mx[2], base[2], scale1[2], f[2], sum[2];
   uint32_t pa[4][4];
   ScaleMaskMax(s, blk.token0 + i1 * kTile, blk.limit, blk.lane(), blk.scale_log2, mx);
   NamedBarrier(kBarScale0, kSeesawThreads);  // m0 and scale0 are in shared memory
+  AdvanceRowMax(blk, mx, blk.scale1(), base, scale1);
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = blk.row0() + 8 * r;
-    const float m = blk.row_max()[row];
-    m1[r] = fmaxf(m, mx[r]);
-    base[r] = Base(m1[r]);
-    const float scale1 = exp2f(m - base[r]);
-    f[r] = blk.scale0()[row] * scale1;
-    if (blk.lane() % 4 == 0) {
-      blk.row_max()[row] = m1[r];
-      blk.scale1()[row] = scale1;
-    }
-  }
+  for (int r = 0; r < 2; ++r) f[r] = blk.scale0()[blk.row0() + 8 * r] * scale1[r];
   ExpToP(s, base, pa, sum);
   NamedBarrierArrive(kBarScale1, kSeesawThreads);
   StoreP(pa, blk.row0(), blk.lane(), blk.p1());  // wg0 reads it after kBarPvIssued
@@ -428,9 +427,10 @@ __global__ void __launch_bounds__(kSeesawThreads, 1)
         uint8_t* dst = box == kRopeBox ? blk.p0() : blk.sq() + box * kBoxBytes;
         TmaLoad2d(dst, &q_map, box * kBoxCols, q_row, q_bar);
       }
+      const int page1 = blk.Page(1);
       LoadBoxes(&kv_map, blk.k0(), blk.Page(0), blk.bars0(), 0, kBoxes);
-      LoadBoxes(&kv_map, blk.k1(), blk.Page(1), blk.bars1(), 4, kBoxes);
-      LoadBoxes(&kv_map, blk.k1(), blk.Page(1), blk.bars1(), 0, 4);
+      LoadBoxes(&kv_map, blk.k1(), page1, blk.bars1(), 4, kBoxes);
+      LoadBoxes(&kv_map, blk.k1(), page1, blk.bars1(), 0, 4);
     }
     MbarWait(q_bar, 0);
     uint32_t rq[4][4];
