@@ -67,26 +67,48 @@ __device__ __forceinline__ void NamedBarrierArrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
-// Scales s to base 2, masks the tokens past the sequence (token0 = the tile's first), and returns
-// this thread's two rows' maxima (rows row0 and row0 + 8, over the 4 lanes sharing them).
+// 2^x by the SFU alone, a subnormal result flushed to zero (exp2f adds three instructions for
+// that range; P is rounded to bf16, whose smallest normal is fp32's).
+__device__ __forceinline__ float Exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Masks the tokens past the sequence (token0 = the tile's first) and returns this thread's two
+// rows' maxima in base 2 (rows row0 and row0 + 8, over the 4 lanes sharing them). s stays raw
+// (ExpToP scales it inside its FMA); only a tile that reaches past the sequence is masked.
 __device__ __forceinline__ void ScaleMaskMax(float (&s)[8][4], int token0, int seqlen, int lane,
                                              float scale_log2, float (&mx)[2]) {
   const int col0 = token0 + 2 * (lane % 4);
   mx[0] = mx[1] = -INFINITY;
+  if (token0 + kTile > seqlen) {
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int token = col0 + 8 * j + (e % 2);
+        if (token >= seqlen) s[j][e] = -INFINITY;
+      }
+    }
+  }
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int token = col0 + 8 * j + (e % 2);
-      s[j][e] = token < seqlen ? s[j][e] * scale_log2 : -INFINITY;
-      mx[e / 2] = fmaxf(mx[e / 2], s[j][e]);
-    }
+    for (int e = 0; e < 4; ++e) mx[e / 2] = fmaxf(mx[e / 2], s[j][e]);
   }
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
     mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+    mx[r] *= scale_log2;  // monotone: the maximum of the scaled scores
   }
+}
+
+// Whether every lane of the warp scales its rows by f = 1 (the warp's 16 rows: a rescale of them
+// would change nothing).
+__device__ __forceinline__ bool WarpScalesByOne(const float (&f)[2]) {
+  return __all_sync(0xffffffffu, f[0] == 1.f && f[1] == 1.f);
 }
 
 // (lo, hi) as a bf16 pair; adds the rounded values to `sum`.
@@ -169,17 +191,18 @@ __device__ __forceinline__ void LoadRopeQ(const uint8_t* box, int row0, int lane
   }
 }
 
-// P = 2^(s - base) as bf16 A fragments (pa[kk] = tokens 16 kk .. 16 kk + 15); returns the rows'
-// sums of the rounded values.
+// P = 2^(s scale_log2 - base) as bf16 A fragments (pa[kk] = tokens 16 kk .. 16 kk + 15), by one
+// FMA and the SFU per value; returns the rows' sums of the rounded values.
 __device__ __forceinline__ void ExpToP(const float (&s)[8][4], const float (&base)[2],
-                                       uint32_t (&pa)[4][4], float (&sum)[2]) {
+                                       float scale_log2, uint32_t (&pa)[4][4], float (&sum)[2]) {
   sum[0] = sum[1] = 0.f;
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      pa[j / 2][2 * (j % 2) + r] =
-          PackBf16(exp2f(s[j][2 * r] - base[r]), exp2f(s[j][2 * r + 1] - base[r]), sum[r]);
+      const float lo = Exp2(fmaf(s[j][2 * r], scale_log2, -base[r]));
+      const float hi = Exp2(fmaf(s[j][2 * r + 1], scale_log2, -base[r]));
+      pa[j / 2][2 * (j % 2) + r] = PackBf16(lo, hi, sum[r]);
     }
   }
 }
@@ -284,7 +307,7 @@ __device__ __forceinline__ void AdvanceRowMax(const Block& blk, const float (&mx
     const float m = blk.row_max()[blk.row0() + 8 * r];
     m_new[r] = fmaxf(m, mx[r]);
     base[r] = Base(m_new[r]);
-    scale[r] = exp2f(m - base[r]);
+    scale[r] = Exp2(m - base[r]);
   }
   __syncwarp();
   if (blk.lane() % 4 == 0) {
@@ -310,8 +333,8 @@ __device__ __forceinline__ void PairWg0(const Block& blk, int k, float (&s)[8][4
   ScaleMaskMax(s, blk.token0 + i0 * kTile, blk.limit, blk.lane(), blk.scale_log2, mx);
   AdvanceRowMax(blk, mx, blk.scale0(), base, scale0);
   NamedBarrierArrive(kBarScale0, kSeesawThreads);
-  ScaleRows(o, scale0);
-  ExpToP(s, base, pa, sum);
+  if (!WarpScalesByOne(scale0)) ScaleRows(o, scale0);
+  ExpToP(s, base, blk.scale_log2, pa, sum);
 #pragma unroll
   for (int r = 0; r < 2; ++r) l[r] = l[r] * scale0[r] + sum[r];
   ZeroTail(blk, blk.k0(), blk.Valid(i0), 0);
@@ -327,13 +350,14 @@ __device__ __forceinline__ void PairWg0(const Block& blk, int k, float (&s)[8][4
     scale1[r] = blk.scale1()[blk.row0() + 8 * r];
     l[r] *= scale1[r];
   }
-  ScaleP(pa, scale1);
+  const bool rescale1 = !WarpScalesByOne(scale1);
+  if (rescale1) ScaleP(pa, scale1);
   StoreP(pa, blk.row0(), blk.lane(), blk.p0());
   NamedBarrierArrive(kBarP0, kSeesawThreads);
   for (int box = 0; box < 4; ++box) MbarWait(&blk.bars1()[box], k & 1);  // for visibility
   ZeroTail(blk, blk.k1(), blk.Valid(i0 + 1), 0);
   NamedBarrier(kBarPvIssued, kSeesawThreads);  // P1 is in shared memory
-  ScaleRows(o, scale1);
+  if (rescale1) ScaleRows(o, scale1);
   PvFromSharedP(o, blk.p1(), blk.k1(), 0);
   const uint32_t parity = (k + 1) & 1;
   const uint64_t qd = FreshDesc(blk.sq()), kd = FreshDesc(blk.k0());
@@ -359,10 +383,10 @@ __device__ __forceinline__ void PairWg1(const Block& blk, int k, float (&s)[8][4
   AdvanceRowMax(blk, mx, blk.scale1(), base, scale1);
 #pragma unroll
   for (int r = 0; r < 2; ++r) f[r] = blk.scale0()[blk.row0() + 8 * r] * scale1[r];
-  ExpToP(s, base, pa, sum);
+  ExpToP(s, base, blk.scale_log2, pa, sum);
   NamedBarrierArrive(kBarScale1, kSeesawThreads);
   StoreP(pa, blk.row0(), blk.lane(), blk.p1());  // wg0 reads it after kBarPvIssued
-  ScaleRows(o, f);
+  if (!WarpScalesByOne(f)) ScaleRows(o, f);
 #pragma unroll
   for (int r = 0; r < 2; ++r) l[r] = l[r] * f[r] + sum[r];
   ZeroTail(blk, blk.k1(), blk.Valid(i1), 1);
