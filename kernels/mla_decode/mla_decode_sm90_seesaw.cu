@@ -78,7 +78,7 @@ __device__ __forceinline__ float Exp2(float x) {
 // Masks the tokens past the sequence (token0 = the tile's first) and returns this thread's two
 // rows' maxima in base 2 (rows row0 and row0 + 8, over the 4 lanes sharing them). s stays raw
 // (ExpToP scales it inside its FMA); only a tile that reaches past the sequence is masked.
-__device__ __forceinline__ void ScaleMaskMax(float (&s)[8][4], int token0, int seqlen, int lane,
+__device__ __forceinline__ void MaskedRowMax(float (&s)[8][4], int token0, int seqlen, int lane,
                                              float scale_log2, float (&mx)[2]) {
   const int col0 = token0 + 2 * (lane % 4);
   mx[0] = mx[1] = -INFINITY;
@@ -330,7 +330,7 @@ __device__ __forceinline__ void PairWg0(const Block& blk, int k, float (&s)[8][4
   const int next0 = blk.Page(i0 + 2), next1 = blk.Page(i0 + 3);
   float mx[2], base[2], scale0[2], sum[2];
   uint32_t pa[4][4];
-  ScaleMaskMax(s, blk.token0 + i0 * kTile, blk.limit, blk.lane(), blk.scale_log2, mx);
+  MaskedRowMax(s, blk.token0 + i0 * kTile, blk.limit, blk.lane(), blk.scale_log2, mx);
   AdvanceRowMax(blk, mx, blk.scale0(), base, scale0);
   NamedBarrierArrive(kBarScale0, kSeesawThreads);
   if (!WarpScalesByOne(scale0)) ScaleRows(o, scale0);
@@ -378,7 +378,7 @@ __device__ __forceinline__ void PairWg1(const Block& blk, int k, float (&s)[8][4
   const int next0 = blk.Page(i1 + 1), next1 = blk.Page(i1 + 2);
   float mx[2], base[2], scale1[2], f[2], sum[2];
   uint32_t pa[4][4];
-  ScaleMaskMax(s, blk.token0 + i1 * kTile, blk.limit, blk.lane(), blk.scale_log2, mx);
+  MaskedRowMax(s, blk.token0 + i1 * kTile, blk.limit, blk.lane(), blk.scale_log2, mx);
   NamedBarrier(kBarScale0, kSeesawThreads);  // m0 and scale0 are in shared memory
   AdvanceRowMax(blk, mx, blk.scale1(), base, scale1);
 #pragma unroll
