@@ -73,6 +73,22 @@ __device__ __forceinline__ void TmaLoad3d(void* dst, const void* map, int x, int
       : "memory");
 }
 
+// Bulk copy of `bytes` (a multiple of 16; both addresses 16-byte aligned) from shared to global
+// memory, in this thread's current bulk group. The shared source must stay as it is until
+// BulkWaitRead says the group has read it (before the block exits, too).
+__device__ __forceinline__ void BulkStore(void* dst, const void* src, uint32_t bytes) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(dst),
+               "r"(SmemAddr(src)), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void BulkCommit() {
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+// Waits until this thread's committed bulk groups have read their shared-memory sources.
+__device__ __forceinline__ void BulkWaitRead() {
+  asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+}
+
 __device__ __forceinline__ void PrefetchTensorMap(const void* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(map) : "memory");
 }

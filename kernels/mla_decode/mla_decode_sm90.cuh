@@ -136,14 +136,11 @@ __device__ __forceinline__ void ZeroVTail(uint8_t* kvs, int valid, int half, int
   FenceProxyAsync();
 }
 
-// The epilogue of both kernels: warpgroup wg holds O[:, 256 wg, 256 wg + 256) of this thread's
-// rows (row0, row0 + 8) unnormalised and its part of their row sums; adds the two warpgroups'
-// sums (named barrier 1), normalises and stores out / lse, or this split's partial.
-__device__ __forceinline__ void StoreRows(const MlaDecodeParams& p, const float (&o)[128],
-                                          float (&l_run)[2], const float (&m_run)[2],
-                                          float* red_sum, int wg, int lane, int row0, int head0,
-                                          int split, int b) {
-  const int h_q = p.num_heads_q;
+// Adds the two warpgroups' parts of this thread's rows' sums (warpgroup wg holds O[:, 256 wg,
+// 256 wg + 256) of rows row0 and row0 + 8) through red_sum[2][kHeads] (named barrier 1); read
+// them back as red_sum[row] + red_sum[kHeads + row].
+__device__ __forceinline__ void ShareRowSums(float (&l_run)[2], float* red_sum, int wg, int lane,
+                                             int row0) {
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
@@ -151,6 +148,22 @@ __device__ __forceinline__ void StoreRows(const MlaDecodeParams& p, const float 
     if (lane % 4 == 0) red_sum[wg * kHeads + row0 + 8 * r] = l_run[r];
   }
   NamedBarrier(1, kConsumerThreads);
+}
+
+// The log-sum-exp (natural base) of a row with base-2 running maximum m and sum l.
+__device__ __forceinline__ float RowLse(float m, float l) {
+  return l > 0.f ? (m + log2f(l)) * 0.6931471805599453f : -INFINITY;
+}
+
+// The epilogue of the kSm90 kernel, and the seesaw kernel's for a split's partial: the warpgroups'
+// O halves of this thread's rows, unnormalised, with their parts of the row sums; normalises and
+// stores out / lse, or this split's partial.
+__device__ __forceinline__ void StoreRows(const MlaDecodeParams& p, const float (&o)[128],
+                                          float (&l_run)[2], const float (&m_run)[2],
+                                          float* red_sum, int wg, int lane, int row0, int head0,
+                                          int split, int b) {
+  const int h_q = p.num_heads_q;
+  ShareRowSums(l_run, red_sum, wg, lane, row0);
   const bool direct = p.num_splits == 1;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
@@ -175,10 +188,51 @@ __device__ __forceinline__ void StoreRows(const MlaDecodeParams& p, const float 
             make_float2(o[4 * j + 2 * r] * inv, o[4 * j + 2 * r + 1] * inv);
       }
     }
-    if (wg == 0 && lane % 4 == 0) {
-      const float lse = l > 0.f ? (m_run[r] + log2f(l)) * 0.6931471805599453f : -INFINITY;
-      (direct ? p.lse : p.lse_accum)[out_row] = lse;
+    if (wg == 0 && lane % 4 == 0) (direct ? p.lse : p.lse_accum)[out_row] = RowLse(m_run[r], l);
+  }
+}
+
+// Bytes from one staged row to the next in StoreOutStaged: 512 bf16 plus 16, so that the 8 rows
+// of one fragment store fall on distinct banks.
+inline constexpr int kStagePitch = (kMlaValueDim + 16) * 2;
+
+// StoreRows for a call of one split (out and lse) by staging: the normalised bf16 rows are
+// written to shared memory at `stage` (64 rows kStagePitch bytes apart, free to overwrite) and
+// leave by one 1 KB bulk copy per row, instead of 64 scattered 4-byte stores per thread that
+// fill half a sector each (those took ~5 us per block on an H100 against ~2.7 this way,
+// kernels/mla_decode/NOTES.md v10). A split's fp32 partial is not staged: its 8-byte stores
+// fill whole sectors, and staging them measured slower. Threads 0..63 issue the copies and wait
+// until they have read the stage.
+__device__ __forceinline__ void StoreOutStaged(const MlaDecodeParams& p, const float (&o)[128],
+                                               float (&l_run)[2], const float (&m_run)[2],
+                                               float* red_sum, uint8_t* stage, int wg, int lane,
+                                               int row0, int head0, int b) {
+  const int h_q = p.num_heads_q;
+  ShareRowSums(l_run, red_sum, wg, lane, row0);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = row0 + 8 * r, head = head0 + row;
+    const float l = red_sum[row] + red_sum[kHeads + row];
+    const float inv = l > 0.f ? 1.f / l : 0.f;
+    __nv_bfloat16* dst =
+        reinterpret_cast<__nv_bfloat16*>(stage + row * kStagePitch) + 256 * wg + 2 * (lane % 4);
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+      *reinterpret_cast<__nv_bfloat162*>(dst + 8 * j) =
+          __floats2bfloat162_rn(o[4 * j + 2 * r] * inv, o[4 * j + 2 * r + 1] * inv);
     }
+    if (wg == 0 && lane % 4 == 0 && head < h_q) {
+      p.lse[static_cast<size_t>(b) * h_q + head] = RowLse(m_run[r], l);
+    }
+  }
+  FenceProxyAsync();
+  NamedBarrier(1, kConsumerThreads);
+  const int row = threadIdx.x;
+  if (row < kHeads && head0 + row < h_q) {
+    BulkStore(p.out + (static_cast<size_t>(b) * h_q + head0 + row) * kMlaValueDim,
+              stage + row * kStagePitch, kMlaValueDim * 2);
+    BulkCommit();
+    BulkWaitRead();
   }
 }
 

@@ -48,11 +48,12 @@ constexpr int kSumOffset = kScale1Offset + kHeads * 4;                // row sum
 constexpr int kBarOffset = kSumOffset + 2 * kHeads * 4;               // K0 [9], K1 [9], Q
 constexpr int kSmemBytes = kBarOffset + (2 * kBoxes + 1) * 8 + 1024;  // + alignment slack
 static_assert(kSmemBytes <= 227 * 1024, "shared memory of one block");
+static_assert(kSqOffset + kHeads * kStagePitch <= kK1Offset, "the epilogue's stage: Q's boxes, K0");
 static_assert(kK0Offset % 1024 == 0 && kK1Offset % 1024 == 0 && kP0Offset % 1024 == 0 &&
                   kP1Offset % 1024 == 0,
               "swizzle atoms");
 
-// Named barriers (1 is StoreRows'): both warpgroups, the writer arrives and the reader syncs.
+// Named barriers (1 is the epilogue's): both warpgroups, the writer arrives and the reader syncs.
 constexpr int kBarScale0 = 2;    // wg0 -> wg1: m0, scale0
 constexpr int kBarScale1 = 3;    // wg1 -> wg0: m1, scale1
 constexpr int kBarP0 = 4;        // wg0 -> wg1: P0 scale1 in shared memory
@@ -139,14 +140,13 @@ __device__ __forceinline__ uint64_t FreshDesc(const uint8_t* p) {
 }
 
 // The scores of one box of a tile: 4 k-steps (Q from shared memory, or the rope box from
-// registers), after the box's barrier (unless !wait: scores that are thrown away, over whatever
-// the buffer holds); one commit group. qd / kd: descriptors of Q's and the tile's first box (a
-// box is 8,192 B on, a k-step 32 B: (bytes >> 4) in the address field).
+// registers), after the box's barrier; one commit group. qd / kd: descriptors of Q's and the
+// tile's first box (a box is 8,192 B on, a k-step 32 B: (bytes >> 4) in the address field).
 template <int kBox>
 __device__ __forceinline__ void ScoresOfBox(float (&s)[8][4], uint64_t qd, uint64_t kd,
                                             const uint32_t (&rq)[4][4], uint64_t* bars,
-                                            uint32_t parity, bool first, bool wait = true) {
-  if (wait) MbarWait(&bars[kBox], parity);
+                                            uint32_t parity, bool first) {
+  MbarWait(&bars[kBox], parity);
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk) {
     const uint64_t step = (kBox * kBoxBytes + kk * 32) >> 4;
@@ -165,16 +165,15 @@ __device__ __forceinline__ void ScoresOfBox(float (&s)[8][4], uint64_t qd, uint6
 template <int kFirst, int... kI>
 __device__ __forceinline__ void ScoresOfBoxes(std::integer_sequence<int, kI...>, float (&s)[8][4],
                                               uint64_t qd, uint64_t kd, const uint32_t (&rq)[4][4],
-                                              uint64_t* bars, uint32_t parity, bool first,
-                                              bool wait) {
-  (ScoresOfBox<(kFirst + kI) % kBoxes>(s, qd, kd, rq, bars, parity, first && kI == 0, wait), ...);
+                                              uint64_t* bars, uint32_t parity, bool first) {
+  (ScoresOfBox<(kFirst + kI) % kBoxes>(s, qd, kd, rq, bars, parity, first && kI == 0), ...);
 }
 template <int kFirst, int kCount>
 __device__ __forceinline__ void ScoresOfBoxes(float (&s)[8][4], uint64_t qd, uint64_t kd,
                                               const uint32_t (&rq)[4][4], uint64_t* bars,
-                                              uint32_t parity, bool first, bool wait = true) {
+                                              uint32_t parity, bool first) {
   ScoresOfBoxes<kFirst>(std::make_integer_sequence<int, kCount>{}, s, qd, kd, rq, bars, parity,
-                        first, wait);
+                        first);
 }
 
 // This thread's A fragments of Q's rope box (64 rows x 64 dims, swizzled, at `box`).
@@ -320,9 +319,10 @@ __device__ __forceinline__ void AdvanceRowMax(const Block& blk, const float (&mx
 }
 
 // Warpgroup 0's part of pair k (tiles 2k in K0, 2k + 1 in K1); s holds S of tile 2k on entry and
-// S of tile 2k + 2 on return. After the last pair (!more) nothing is loaded and the scores it
-// still computes, over the buffers as they are, are thrown away: one copy of the pair's code
-// (with a second one for the last pair the kernel was 40 % larger and 1-3 % slower).
+// S of tile 2k + 2 on return. The last pair (!more) loads nothing and skips the next scores (a
+// branch inside the one copy of the pair's code; computing them over the buffers as they were
+// and throwing them away cost ~1-2 % at 4K tokens, NOTES.md v10; a second copy of the pair for
+// the last one made the kernel 40 % larger and 1-3 % slower).
 __device__ __forceinline__ void PairWg0(const Block& blk, int k, float (&s)[8][4], float (&o)[128],
                                         float (&l)[2], const uint32_t (&rq)[4][4], bool more) {
   const int i0 = 2 * k;
@@ -359,13 +359,15 @@ __device__ __forceinline__ void PairWg0(const Block& blk, int k, float (&s)[8][4
   NamedBarrier(kBarPvIssued, kSeesawThreads);  // P1 is in shared memory
   if (rescale1) ScaleRows(o, scale1);
   PvFromSharedP(o, blk.p1(), blk.k1(), 0);
-  const uint32_t parity = (k + 1) & 1;
-  const uint64_t qd = FreshDesc(blk.sq()), kd = FreshDesc(blk.k0());
-  WgmmaFence();
-  ScoresOfBoxes<0, 4>(s, qd, kd, rq, blk.bars0(), parity, true, more);
-  WgmmaWait<4>();  // P1 V1_L is done: K1's boxes 0-3 are free
-  if (more && blk.t() == 0) LoadBoxes(blk.kv_map, blk.k1(), next1, blk.bars1(), 0, 4);
-  ScoresOfBoxes<4, 5>(s, qd, kd, rq, blk.bars0(), parity, false, more);
+  if (more) {
+    const uint32_t parity = (k + 1) & 1;
+    const uint64_t qd = FreshDesc(blk.sq()), kd = FreshDesc(blk.k0());
+    WgmmaFence();
+    ScoresOfBoxes<0, 4>(s, qd, kd, rq, blk.bars0(), parity, true);
+    WgmmaWait<4>();  // P1 V1_L is done: K1's boxes 0-3 are free
+    if (blk.t() == 0) LoadBoxes(blk.kv_map, blk.k1(), next1, blk.bars1(), 0, 4);
+    ScoresOfBoxes<4, 5>(s, qd, kd, rq, blk.bars0(), parity, false);
+  }
   WgmmaWait<0>();
   PinRegisters(o);
   PinRegisters(s);
@@ -400,11 +402,13 @@ __device__ __forceinline__ void PairWg1(const Block& blk, int k, float (&s)[8][4
   if (more && blk.t() == 0) LoadBoxes(blk.kv_map, blk.k1(), next1, blk.bars1(), 4, kBoxes);
   WgmmaWait<0>();  // P0 V0_R is done: K0's boxes 4-8 are free
   if (more && blk.t() == 0) LoadBoxes(blk.kv_map, blk.k0(), next0, blk.bars0(), 4, kBoxes);
-  const uint32_t parity = (k + 1) & 1;
-  const uint64_t qd = FreshDesc(blk.sq()), kd = FreshDesc(blk.k1());
-  WgmmaFence();
-  ScoresOfBoxes<4, 9>(s, qd, kd, rq, blk.bars1(), parity, true, more);
-  WgmmaWait<0>();
+  if (more) {
+    const uint32_t parity = (k + 1) & 1;
+    const uint64_t qd = FreshDesc(blk.sq()), kd = FreshDesc(blk.k1());
+    WgmmaFence();
+    ScoresOfBoxes<4, 9>(s, qd, kd, rq, blk.bars1(), parity, true);
+    WgmmaWait<0>();
+  }
   PinRegisters(o);
   PinRegisters(s);
 }
@@ -476,8 +480,14 @@ __global__ void __launch_bounds__(kSeesawThreads, 1)
   }
   NamedBarrier(kBarEnd, kSeesawThreads);  // the last pair's m is in shared memory
   const float m_run[2] = {blk.row_max()[blk.row0()], blk.row_max()[blk.row0() + 8]};
-  StoreRows(p, o, l, m_run, reinterpret_cast<float*>(smem + kSumOffset), blk.wg(), lane, blk.row0(),
-            head0, split, b);
+  // One split's rows are staged over Q's boxes and K0: every wgmma has read them and the last
+  // pair loaded nothing.
+  float* red_sum = reinterpret_cast<float*>(smem + kSumOffset);
+  if (p.num_splits == 1) {
+    StoreOutStaged(p, o, l, m_run, red_sum, blk.sq(), blk.wg(), lane, blk.row0(), head0, b);
+  } else {
+    StoreRows(p, o, l, m_run, red_sum, blk.wg(), lane, blk.row0(), head0, split, b);
+  }
 }
 
 }  // namespace
