@@ -136,11 +136,15 @@ __device__ __forceinline__ void ZeroVTail(uint8_t* kvs, int valid, int half, int
   FenceProxyAsync();
 }
 
-// Adds the two warpgroups' parts of this thread's rows' sums (warpgroup wg holds O[:, 256 wg,
-// 256 wg + 256) of rows row0 and row0 + 8) through red_sum[2][kHeads] (named barrier 1); read
-// them back as red_sum[row] + red_sum[kHeads + row].
-__device__ __forceinline__ void ShareRowSums(float (&l_run)[2], float* red_sum, int wg, int lane,
-                                             int row0) {
+// The totals of this thread's two rows (row0, row0 + 8) over both warpgroups' parts of their sums
+// (warpgroup wg holds O[:, 256 wg, 256 wg + 256) and the sum of its own P V), and their inverses
+// (0 for a row with no keys). The parts meet in red_sum[2][kHeads] behind named barrier 1.
+struct RowTotals {
+  float l[2];
+  float inv[2];
+};
+__device__ __forceinline__ RowTotals ShareRowTotals(float (&l_run)[2], float* red_sum, int wg,
+                                                    int lane, int row0) {
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     l_run[r] += __shfl_xor_sync(0xffffffffu, l_run[r], 1);
@@ -148,6 +152,14 @@ __device__ __forceinline__ void ShareRowSums(float (&l_run)[2], float* red_sum, 
     if (lane % 4 == 0) red_sum[wg * kHeads + row0 + 8 * r] = l_run[r];
   }
   NamedBarrier(1, kConsumerThreads);
+  RowTotals t;
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = row0 + 8 * r;
+    t.l[r] = red_sum[row] + red_sum[kHeads + row];
+    t.inv[r] = t.l[r] > 0.f ? 1.f / t.l[r] : 0.f;
+  }
+  return t;
 }
 
 // The log-sum-exp (natural base) of a row with base-2 running maximum m and sum l.
@@ -163,14 +175,13 @@ __device__ __forceinline__ void StoreRows(const MlaDecodeParams& p, const float 
                                           float* red_sum, int wg, int lane, int row0, int head0,
                                           int split, int b) {
   const int h_q = p.num_heads_q;
-  ShareRowSums(l_run, red_sum, wg, lane, row0);
+  const RowTotals tot = ShareRowTotals(l_run, red_sum, wg, lane, row0);
   const bool direct = p.num_splits == 1;
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int row = row0 + 8 * r, head = head0 + row;
     if (head >= h_q) continue;  // a block of fewer heads computes these rows and drops them
-    const float l = red_sum[row] + red_sum[kHeads + row];
-    const float inv = l > 0.f ? 1.f / l : 0.f;
+    const float inv = tot.inv[r];
     const size_t out_row = direct ? static_cast<size_t>(b) * h_q + head
                                   : (static_cast<size_t>(b) * p.num_splits + split) * h_q + head;
     if (direct) {
@@ -188,7 +199,9 @@ __device__ __forceinline__ void StoreRows(const MlaDecodeParams& p, const float 
             make_float2(o[4 * j + 2 * r] * inv, o[4 * j + 2 * r + 1] * inv);
       }
     }
-    if (wg == 0 && lane % 4 == 0) (direct ? p.lse : p.lse_accum)[out_row] = RowLse(m_run[r], l);
+    if (wg == 0 && lane % 4 == 0) {
+      (direct ? p.lse : p.lse_accum)[out_row] = RowLse(m_run[r], tot.l[r]);
+    }
   }
 }
 
@@ -208,12 +221,11 @@ __device__ __forceinline__ void StoreOutStaged(const MlaDecodeParams& p, const f
                                                float* red_sum, uint8_t* stage, int wg, int lane,
                                                int row0, int head0, int b) {
   const int h_q = p.num_heads_q;
-  ShareRowSums(l_run, red_sum, wg, lane, row0);
+  const RowTotals tot = ShareRowTotals(l_run, red_sum, wg, lane, row0);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int row = row0 + 8 * r, head = head0 + row;
-    const float l = red_sum[row] + red_sum[kHeads + row];
-    const float inv = l > 0.f ? 1.f / l : 0.f;
+    const float inv = tot.inv[r];
     __nv_bfloat16* dst =
         reinterpret_cast<__nv_bfloat16*>(stage + row * kStagePitch) + 256 * wg + 2 * (lane % 4);
 #pragma unroll
@@ -222,7 +234,7 @@ __device__ __forceinline__ void StoreOutStaged(const MlaDecodeParams& p, const f
           __floats2bfloat162_rn(o[4 * j + 2 * r] * inv, o[4 * j + 2 * r + 1] * inv);
     }
     if (wg == 0 && lane % 4 == 0 && head < h_q) {
-      p.lse[static_cast<size_t>(b) * h_q + head] = RowLse(m_run[r], l);
+      p.lse[static_cast<size_t>(b) * h_q + head] = RowLse(m_run[r], tot.l[r]);
     }
   }
   FenceProxyAsync();
