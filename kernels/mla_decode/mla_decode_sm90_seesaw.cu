@@ -5,7 +5,7 @@
 // by value columns: warpgroup 0 holds O_L = O[:, 0, 256), warpgroup 1 O_R = O[:, 256, 512). Each
 // warpgroup computes the whole S of its own tile (warpgroup 0 of t0, warpgroup 1 of t1), and does
 // so one pair ahead: a pair starts with both scores in registers. Per pair (m = the running row
-// maxima, in shared memory):
+// maxima, in shared memory; a maximum moves only past m + 8, AdvanceRowMax):
 //   wg0: softmax of t0 against m (m0 = max(m, rowmax), scale0 = 2^(m - m0)), O_L = O_L scale0 +
 //        P0 V0_L; the next t0's boxes 0-3 (V0_L: now read) are loaded.
 //   wg1: softmax of t1 against m0 (m1, scale1 = 2^(m0 - m1)), O_R = O_R scale0 scale1 + P1 V1_R
@@ -294,17 +294,21 @@ __device__ __forceinline__ void ZeroTail(const Block& blk, uint8_t* kv, int vali
   NamedBarrier(kBarTail + blk.wg(), 128);
 }
 
-// The running maxima of this thread's two rows after a tile whose row maxima are mx: m_new =
-// max(m, mx) against the shared m, base = Base(m_new) and scale = 2^(m - base) (what the sums
-// against m are worth against m_new). Once every lane of the warp has read m (the four lanes of a
-// row read the word that lane 4i then writes), lane 4i stores m_new and the scale into `scales`.
+// The running maxima of this thread's two rows after a tile whose row maxima are mx (base 2):
+// m_new = mx where mx exceeds the shared m by more than 8, else m; base = Base(m_new) and scale =
+// 2^(m - base) (what the sums against m are worth against m_new). A maximum that lags the true
+// one by up to 8 leaves P = 2^(s - base) at most 256, which fp32 sums and bf16 P hold as well as
+// values up to 1, and most tiles then rescale nothing (a warp skips a rescale by exactly 1): on
+// random data 2-3 % of an h_q 128 call at 4K-16K (kernels/mla_decode/NOTES.md v12). Once every
+// lane of the warp has read m (the four lanes of a row read the word that lane 4i then writes),
+// lane 4i stores m_new and the scale into `scales`.
 __device__ __forceinline__ void AdvanceRowMax(const Block& blk, const float (&mx)[2], float* scales,
                                               float (&base)[2], float (&scale)[2]) {
   float m_new[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const float m = blk.row_max()[blk.row0() + 8 * r];
-    m_new[r] = fmaxf(m, mx[r]);
+    m_new[r] = mx[r] > m + 8.f ? mx[r] : m;  // -inf + 8 = -inf: the first finite mx moves it
     base[r] = Base(m_new[r]);
     scale[r] = Exp2(m - base[r]);
   }

@@ -7,6 +7,7 @@
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -35,6 +36,9 @@ struct Case {
   int num_splits;    // 0: MlaDecodeNumSplits
   bool fp8 = false;  // the cache in fp8 pages; checked against the bf16 kernel too
   MlaDecodeImpl impl = MlaDecodeImpl::kAuto;
+  // Tokens whose latent rows are scaled by 8 in every sequence that reaches them: their scores
+  // stand far above (or below) the rest, so a row's running maximum jumps late in the sequence.
+  std::vector<int> loud_tokens = {};
 };
 
 void RunCase(const Case& c, uint32_t seed) {
@@ -72,7 +76,10 @@ void RunCase(const Case& c, uint32_t seed) {
       table[static_cast<size_t>(b) * max_pages + i] = page;
       for (int t = 0; t < kPage && i * kPage + t < len; ++t) {
         float* row = kv.data() + (static_cast<size_t>(page) * kPage + t) * kD;
-        for (int d = 0; d < kD; ++d) row[d] = FromBf16(ToBf16(normal(rng)));
+        const int token = i * kPage + t;
+        const bool loud =
+            std::find(c.loud_tokens.begin(), c.loud_tokens.end(), token) != c.loud_tokens.end();
+        for (int d = 0; d < kD; ++d) row[d] = FromBf16(ToBf16((loud ? 8.f : 1.f) * normal(rng)));
         if (c.fp8) {  // the latent becomes what the fp8 page holds: bf16(e4m3 x scale)
           uint8_t* base = fp8.data() + static_cast<size_t>(page) * kMlaFp8PageBytes;
           std::vector<float> scales(kV / 128), deq(kV);
@@ -274,6 +281,22 @@ TEST_F(MlaDecodeTest, EveryKernelAtEveryHeadCount) {
     RunCase({128, {4096, 33, 31, 127, 128, 129}, 3, false, impl}, Seed());
     RunCase({128, {0, 1, 700}, 0, false, impl}, Seed());
     RunCase({64, {64, 128, 192, 200, 4096 + 17}, 5, false, impl}, Seed());
+  }
+}
+
+// A key far above the running maximum late in a sequence (its score ~8x the others', for about
+// half the heads): the seesaw kernel keeps a row's maximum until a tile exceeds it by more than
+// 2^8 and rescales then, so both the kept and the moved maximum must match the reference; so
+// must every other kernel.
+TEST_F(MlaDecodeTest, LoudKeysLateInTheSequence) {
+  for (MlaDecodeImpl impl :
+       {MlaDecodeImpl::kMmaSync, MlaDecodeImpl::kSm90, MlaDecodeImpl::kSm90Seesaw}) {
+    if (impl != MlaDecodeImpl::kMmaSync && !MlaDecodeSm90Applies(MlaKvDtype::kBf16)) {
+      GTEST_SKIP() << "not a compute capability 9.x device";
+    }
+    const std::vector<int> loud = {70, 1500, 3000, 3001, 4095};
+    RunCase({128, {4096, 1537, 3000}, 1, false, impl, loud}, Seed());
+    RunCase({64, {4096, 1537, 3001}, 3, false, impl, loud}, Seed());
   }
 }
 
