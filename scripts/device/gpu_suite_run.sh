@@ -3,6 +3,9 @@
 cd "$(dirname "$0")"
 start=$(date +%s)
 left() { echo $(( ${DEADLINE:-560} - ($(date +%s) - start) )); }
+# Seconds a step may take: its own cap N, or what is left of the deadline, at least 1 (a step
+# past the deadline then times out at once, rc 124, instead of handing timeout a negative time).
+upto() { local l; l=$(left); (( l < $1 )) || l=$1; echo $(( l > 1 ? l : 1 )); }
 # Only 8 files come back from $OUT (the device tool's limit) and this run writes ~35: they go back
 # as one archive, $OUT/suite.tgz, also when a TERM stops the run early.
 pack() {
@@ -33,7 +36,7 @@ timeout 90 ./transfer_cuda_test > $OUT/transfer_cuda_test.log 2>&1
 echo "transfer_cuda_test rc=$? at $(( $(date +%s) - start )) s"
 grep -E "^\[  (PASSED|FAILED|SKIPPED) |^\[  FAILED  \]|Failure" $OUT/transfer_cuda_test.log | head -20
 
-timeout $(( $(left) < 120 ? $(left) : 120 )) ./strata bench transfer --transports cuda,shm \
+timeout $(upto 120) ./strata bench transfer --transports cuda,shm \
   --json $OUT/bench_transfer.json > $OUT/bench_transfer.log 2>&1
 echo "bench transfer rc=$? at $(( $(date +%s) - start )) s"
 python3 -c "import json; d=json.load(open('$OUT/bench_transfer.json')); print(d['ratios']); print(d.get('baselines', {}).get('cuda_memcpy_pinned'))" 2>/dev/null \
@@ -142,7 +145,7 @@ grep -E "registered .* shared host memory|copying blocks instead" $OUT/worker_ca
 kill $w2 $cpid 2>/dev/null; wait $w2 $cpid 2>/dev/null
 for f in gen_cpu gen_cuda gen_worker gen_worker_sampled1; do echo "== $f"; tail -3 $OUT/$f.txt 2>/dev/null; done
 # Then greedy steps beside a KV load of 64 blocks, zero copy and by the copy engine.
-timeout $(( $(left) < 150 ? $(left) : 150 )) ./strata bench decode --json $OUT/bench_decode.json \
+timeout $(upto 150) ./strata bench decode --json $OUT/bench_decode.json \
   --batch 1,16,64 --context 1024 --steps 20 --concurrent-loads 64 > $OUT/bench_decode.log 2>&1
 echo "bench decode rc=$? at $(( $(date +%s) - start )) s"
 grep -E "ratio|batch|logits|greedy|sampled|^ +[0-9]+ +[0-9.]+ +[0-9.]+ \(" $OUT/bench_decode.log |
@@ -152,30 +155,30 @@ grep -E "ratio|batch|logits|greedy|sampled|^ +[0-9]+ +[0-9.]+ +[0-9.]+ \(" $OUT/
 # The MoE layer through the grouped wgmma GEMMs (default), then through one cuBLAS GEMM pair per
 # expert (the host path), side by side.
 for g in 1 0; do
-  timeout $(( $(left) < 100 ? $(left) : 100 )) ./strata bench prefill --preset v3-shape-4l \
+  timeout $(upto 100) ./strata bench prefill --preset v3-shape-4l \
     --prompt 4096 --batch 1 --repeats 5 --moe-grouped $g --json $OUT/bench_prefill_g$g.json \
     > $OUT/bench_prefill_g$g.log 2>&1
   echo "bench prefill (moe grouped $g) rc=$? at $(( $(date +%s) - start )) s"
   tail -1 $OUT/bench_prefill_g$g.log
 done
-timeout $(( $(left) < 150 ? $(left) : 150 )) ./strata bench kernels --only mla_decode,prefill \
+timeout $(upto 150) ./strata bench kernels --only mla_decode,prefill \
   --iters 10 --json $OUT/bench_kernels.json > $OUT/bench_kernels.log 2>&1
 echo "bench kernels rc=$? at $(( $(date +%s) - start )) s"
 grep -E "^ *(16|64|128) +[0-9]+ +[0-9]+ " $OUT/bench_kernels.log | head -12 | cut -c1-62
 grep -E "^v[23]" $OUT/bench_kernels.log | cut -c1-80; grep "flashmla_min" $OUT/bench_kernels.log
 # The MLA call of a few-row decode step (batch 1, the v2-lite and v3 head counts): every split
 # count and kernel by name, no FlashMLA figure (docs/decode-notes.md, the ablation).
-timeout $(( $(left) < 60 ? $(left) : 60 )) ./strata bench kernels --only mla_decode --mla-batch 1 \
+timeout $(upto 60) ./strata bench kernels --only mla_decode --mla-batch 1 \
   --mla-seqs 1024,4096 --mla-heads 16,128 --iters 20 > $OUT/bench_kernels_b1.log 2>&1
 echo "bench kernels --mla-batch 1 rc=$? at $(( $(date +%s) - start )) s"
 grep -E "^ *(16|128) +[0-9]+ +[0-9]+ " $OUT/bench_kernels_b1.log | head -4
 # The token pickers (greedy, temperature / top-k / top-p) by batch, vocab and logit spread.
-timeout $(( $(left) < 40 ? $(left) : 40 )) ./strata bench kernels --only sample --iters 20 \
+timeout $(upto 40) ./strata bench kernels --only sample --iters 20 \
   --json $OUT/bench_sample.json > $OUT/bench_sample.log 2>&1
 echo "bench kernels --only sample rc=$? at $(( $(date +%s) - start )) s"
 grep -E "^102400 " $OUT/bench_sample.log | head -6
 # A grid barrier against the kernel boundary it would replace (docs/benchmarks.md).
-timeout $(( $(left) < 20 ? $(left) : 20 )) ./strata bench kernels --only barrier --iters 20 \
+timeout $(upto 20) ./strata bench kernels --only barrier --iters 20 \
   --json $OUT/bench_barrier.json > $OUT/bench_barrier.log 2>&1
 echo "bench kernels --only barrier rc=$? at $(( $(date +%s) - start )) s"
 cat $OUT/bench_barrier.log

@@ -12,9 +12,12 @@ build=$1
 dest=$2/.devwork/${3:-gpu}
 rm -rf "$dest"
 source "$(dirname "$0")/bundle.sh"
-# The kernels' *_params_test binaries check launch arguments on the CPU (ctest runs them here);
-# leaving them out keeps the stage plus the working tree under the device tool's 64 MiB.
-kernel_tests=$(ls "$build"/tests/kernels/kernels_*_test | grep -v '_params_test$')
+# The kernel tests ctest labels gpu (not every kernels_*_test file in the build: a binary left
+# there by another branch is not main's); the *_params_test ones check launch arguments on the
+# CPU (ctest runs them here), and leaving them out keeps the stage plus the working tree under
+# the device tool's 64 MiB.
+kernel_tests=$(ctest --test-dir "$build" -N -L '^gpu$' | awk '$3 ~ /^kernels_/ {print $3}' |
+  sed "s|^|$build/tests/kernels/|")
 bundle_binaries "$dest" "$build/cli/strata" \
   "$build/tests/compute_nodes/compute_nodes_cuda_engine_test" \
   "$build/tests/compute_nodes/compute_nodes_device_kv_pool_test" \
