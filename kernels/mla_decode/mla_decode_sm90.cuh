@@ -2,7 +2,8 @@
 // every tile, fed by a producer warpgroup through a 2-stage page ring; mla_decode_sm90_seesaw.cu:
 // each warpgroup the scores of its own tile, box-by-box loads): the block shape, the page boxes,
 // a split's tiles, the producer of the ring (sm90), the V tail zeroing, the epilogue, the P V
-// instructions and the tensor maps. Included by those two .cu files only.
+// instructions, the tensor maps and the SFU's 2^x. Included by those two .cu files and by the
+// transposed kernel's (mla_decode_sm90_transposed.cu), which uses the boxes, maps and 2^x.
 #pragma once
 
 #include <cuda.h>
@@ -27,6 +28,14 @@ constexpr int kThreads = kConsumerThreads + 128;  // + a producer warpgroup
 constexpr int kQOffset = 0;                       // from a 1,024-byte aligned base
 constexpr int kKvOffset = kQOffset + kMatBytes;
 constexpr int kRingEnd = kKvOffset + kStages * kMatBytes;
+
+// 2^x by the SFU alone, a subnormal result flushed to zero (exp2f adds three instructions for
+// that range; P is rounded to bf16, whose smallest normal is fp32's).
+__device__ __forceinline__ float Exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
 
 // The block's 1,024-byte aligned view of its dynamic shared memory (TMA swizzle atoms).
 __device__ __forceinline__ uint8_t* AlignedSmem(uint8_t* raw) {

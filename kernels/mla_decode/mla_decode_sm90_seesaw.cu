@@ -68,14 +68,6 @@ __device__ __forceinline__ void NamedBarrierArrive(int id, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
-// 2^x by the SFU alone, a subnormal result flushed to zero (exp2f adds three instructions for
-// that range; P is rounded to bf16, whose smallest normal is fp32's).
-__device__ __forceinline__ float Exp2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
-
 // Masks the tokens past the sequence (token0 = the tile's first) and returns this thread's two
 // rows' maxima in base 2 (rows row0 and row0 + 8, over the 4 lanes sharing them). s stays raw
 // (ExpToP scales it inside its FMA); only a tile that reaches past the sequence is masked.

@@ -257,15 +257,17 @@ __global__ void __launch_bounds__(128 * (kWgs + 1), 1)
         const int h = head(c);
         const float m_tile =
             fmaxf(fmaxf(red[h], red[kN + h]), fmaxf(red[2 * kN + h], red[3 * kN + h]));
-        const float m_new = fmaxf(m_run[c], m_tile);
+        // The slack rule of the seesaw kernel (AdvanceRowMax): the maximum moves only when the
+        // tile's exceeds it by more than 8 (-inf + 8 = -inf: the first finite one moves it), so P
+        // stays at most 256 and most tiles scale O by exactly 1.
+        const float m_new = m_tile > m_run[c] + 8.f ? m_tile : m_run[c];
         const float base = m_new == -INFINITY ? 0.f : m_new;
-        alpha[c] = exp2f(m_run[c] - base);
+        alpha[c] = Exp2(m_run[c] - base);
         m_run[c] = m_new;
         l_part[c] *= alpha[c];
 #pragma unroll
         for (int r = 0; r < 2; ++r) {
-          const __nv_bfloat16 pv =
-              __float2bfloat16_rn(exp2f(s[4 * (c / 2) + 2 * r + c % 2] - base));
+          const __nv_bfloat16 pv = __float2bfloat16_rn(Exp2(s[4 * (c / 2) + 2 * r + c % 2] - base));
           l_part[c] += __bfloat162float(pv);
           // token tok0 + 8 r: 16-byte chunk 2 warp + r of the row, element lane / 4 in it
           const int chunk = (2 * warp + r) ^ (h % 8);
@@ -283,12 +285,19 @@ __global__ void __launch_bounds__(128 * (kWgs + 1), 1)
       NamedBarrier(1 + wg, 128);
 
       // O^T = alpha O^T + V^T P^T, chunk ch = latent dims [64 ch, 64 ch + 64) = latent box ch.
+      // A warp whose alphas are all exactly 1 skips the rescale (64 values per thread).
+      bool ones = true;
 #pragma unroll
-      for (int ch = 0; ch < 8; ++ch) {
+      for (int c = 0; c < kC; ++c) ones = ones && alpha[c] == 1.f;
+      if (!__all_sync(0xffffffffu, ones)) {
 #pragma unroll
-        for (int k = 0; k < kN / 2; ++k) o[ch][k] *= alpha[column_of(k)];
-        PinRegisters(o[ch]);
+        for (int ch = 0; ch < 8; ++ch) {
+#pragma unroll
+          for (int k = 0; k < kN / 2; ++k) o[ch][k] *= alpha[column_of(k)];
+        }
       }
+#pragma unroll
+      for (int ch = 0; ch < 8; ++ch) PinRegisters(o[ch]);
       WgmmaFence();
 #pragma unroll
       for (int ch = 0; ch < 8; ++ch) {

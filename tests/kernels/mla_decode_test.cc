@@ -36,9 +36,11 @@ struct Case {
   int num_splits;    // 0: MlaDecodeNumSplits
   bool fp8 = false;  // the cache in fp8 pages; checked against the bf16 kernel too
   MlaDecodeImpl impl = MlaDecodeImpl::kAuto;
-  // Tokens whose latent rows are scaled by 8 in every sequence that reaches them: their scores
-  // stand far above (or below) the rest, so a row's running maximum jumps late in the sequence.
+  // Tokens whose latent rows are scaled by loud_scale in every sequence that reaches them: their
+  // scores stand far above (or below) the rest, so a row's running maximum jumps late in the
+  // sequence.
   std::vector<int> loud_tokens = {};
+  float loud_scale = 8.f;
 };
 
 void RunCase(const Case& c, uint32_t seed) {
@@ -79,7 +81,8 @@ void RunCase(const Case& c, uint32_t seed) {
         const int token = i * kPage + t;
         const bool loud =
             std::find(c.loud_tokens.begin(), c.loud_tokens.end(), token) != c.loud_tokens.end();
-        for (int d = 0; d < kD; ++d) row[d] = FromBf16(ToBf16((loud ? 8.f : 1.f) * normal(rng)));
+        for (int d = 0; d < kD; ++d)
+          row[d] = FromBf16(ToBf16((loud ? c.loud_scale : 1.f) * normal(rng)));
         if (c.fp8) {  // the latent becomes what the fp8 page holds: bf16(e4m3 x scale)
           uint8_t* base = fp8.data() + static_cast<size_t>(page) * kMlaFp8PageBytes;
           std::vector<float> scales(kV / 128), deq(kV);
@@ -284,19 +287,31 @@ TEST_F(MlaDecodeTest, EveryKernelAtEveryHeadCount) {
   }
 }
 
-// A key far above the running maximum late in a sequence (its score ~8x the others', for about
-// half the heads): the seesaw kernel keeps a row's maximum until a tile exceeds it by more than
-// 2^8 and rescales then, so both the kept and the moved maximum must match the reference; so
-// must every other kernel.
+// A key far above the running maximum late in a sequence: the seesaw and transposed kernels keep
+// a row's maximum until a tile's exceeds it by more than 2^8 and rescale O and the sum then, so
+// both the kept and the moved maximum must match the reference; so must every other kernel. At
+// 8x (scores ~8x the others', for about half the heads) the maximum jumps by up to ~2^70: a
+// kernel that skipped O's rescale when it moves fails. At 64x it jumps by more than 2^128: a
+// maximum that lagged without bound (P overflowing fp32) fails too. The first tile's maximum is
+// an ordinary one, so only the late jump checks the rescale.
 TEST_F(MlaDecodeTest, LoudKeysLateInTheSequence) {
+  const bool hopper = MlaDecodeSm90Applies(MlaKvDtype::kBf16);
+  const std::vector<int> loud = {70, 1500, 3000, 3001, 4095};
   for (MlaDecodeImpl impl :
        {MlaDecodeImpl::kMmaSync, MlaDecodeImpl::kSm90, MlaDecodeImpl::kSm90Seesaw}) {
-    if (impl != MlaDecodeImpl::kMmaSync && !MlaDecodeSm90Applies(MlaKvDtype::kBf16)) {
-      GTEST_SKIP() << "not a compute capability 9.x device";
+    if (impl != MlaDecodeImpl::kMmaSync && !hopper) continue;
+    for (float scale : {8.f, 64.f}) {
+      RunCase({128, {4096, 1537, 3000}, 1, false, impl, loud, scale}, Seed());
+      RunCase({64, {4096, 1537, 3001}, 3, false, impl, loud, scale}, Seed());
     }
-    const std::vector<int> loud = {70, 1500, 3000, 3001, 4095};
-    RunCase({128, {4096, 1537, 3000}, 1, false, impl, loud}, Seed());
-    RunCase({64, {4096, 1537, 3001}, 3, false, impl, loud}, Seed());
+  }
+  if (!hopper) GTEST_SKIP() << "not a compute capability 9.x device: the Hopper kernels not run";
+  for (int h_q : {16, 32}) {
+    for (float scale : {8.f, 64.f}) {
+      RunCase({h_q, {4096, 1537, 3000}, 1, false, MlaDecodeImpl::kSm90Transposed, loud, scale},
+              Seed());
+      RunCase({h_q, {4096, 3001}, 4, false, MlaDecodeImpl::kSm90Transposed, loud, scale}, Seed());
+    }
   }
 }
 
