@@ -81,8 +81,9 @@ void RunCase(const Case& c, uint32_t seed) {
         const int token = i * kPage + t;
         const bool loud =
             std::find(c.loud_tokens.begin(), c.loud_tokens.end(), token) != c.loud_tokens.end();
-        for (int d = 0; d < kD; ++d)
+        for (int d = 0; d < kD; ++d) {
           row[d] = FromBf16(ToBf16((loud ? c.loud_scale : 1.f) * normal(rng)));
+        }
         if (c.fp8) {  // the latent becomes what the fp8 page holds: bf16(e4m3 x scale)
           uint8_t* base = fp8.data() + static_cast<size_t>(page) * kMlaFp8PageBytes;
           std::vector<float> scales(kV / 128), deq(kV);
