@@ -136,7 +136,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int r = 0; r < 2; ++r) {
       const int row = row0 + 8 * r;
       const float m_new = fmaxf(m_run[r], fmaxf(red_max[row], red_max[kHeads + row]));
-      base[r] = m_new == -INFINITY ? 0.f : m_new;
+      base[r] = Base(m_new);
       alpha[r] = exp2f(m_run[r] - base[r]);
       m_run[r] = m_new;
     }

@@ -2,8 +2,9 @@
 // every tile, fed by a producer warpgroup through a 2-stage page ring; mla_decode_sm90_seesaw.cu:
 // each warpgroup the scores of its own tile, box-by-box loads): the block shape, the page boxes,
 // a split's tiles, the producer of the ring (sm90), the V tail zeroing, the epilogue, the P V
-// instructions, the tensor maps and the SFU's 2^x. Included by those two .cu files and by the
-// transposed kernel's (mla_decode_sm90_transposed.cu), which uses the boxes, maps and 2^x.
+// instructions, the tensor maps, the SFU's 2^x and the running maximum's rule. Included by those
+// two .cu files and by the transposed kernel's (mla_decode_sm90_transposed.cu), which uses the
+// boxes, maps, 2^x and the maximum's rule.
 #pragma once
 
 #include <cuda.h>
@@ -35,6 +36,19 @@ __device__ __forceinline__ float Exp2(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
+}
+
+// A running maximum (base 2) as the base of exp2: -inf (no key seen yet) as 0, so 2^(-inf - 0) = 0.
+__device__ __forceinline__ float Base(float m) { return m == -INFINITY ? 0.f : m; }
+
+// The seesaw and transposed kernels' running maximum after a tile whose maximum is m_tile (base
+// 2): it moves only when m_tile exceeds m by more than kMaxLag (-inf + kMaxLag = -inf: the first
+// finite m_tile moves it). A maximum that lags the true one by up to 8 leaves P = 2^(s - m) at
+// most 256, which fp32 sums and O and the bf16 P hold as well as values up to 1, and most tiles
+// then rescale nothing (docs/numerics.md; kernels/mla_decode/NOTES.md v12).
+constexpr float kMaxLag = 8.f;
+__device__ __forceinline__ float LaggedMax(float m, float m_tile) {
+  return m_tile > m + kMaxLag ? m_tile : m;
 }
 
 // The block's 1,024-byte aligned view of its dynamic shared memory (TMA swizzle atoms).

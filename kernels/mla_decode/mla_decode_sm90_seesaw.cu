@@ -111,9 +111,6 @@ __device__ __forceinline__ uint32_t PackBf16(float lo, float hi, float& sum) {
   return *reinterpret_cast<const uint32_t*>(&v);
 }
 
-// A running maximum as the base of exp2: -inf (no key seen yet) as 0, so 2^(-inf - 0) = 0.
-__device__ __forceinline__ float Base(float m) { return m == -INFINITY ? 0.f : m; }
-
 // One thread loads boxes [lo, hi) of `page` into the buffer at `dst`, each on its own barrier.
 __device__ __forceinline__ void LoadBoxes(const CUtensorMap* kv_map, uint8_t* dst, int page,
                                           uint64_t* bars, int lo, int hi) {
@@ -287,20 +284,18 @@ __device__ __forceinline__ void ZeroTail(const Block& blk, uint8_t* kv, int vali
 }
 
 // The running maxima of this thread's two rows after a tile whose row maxima are mx (base 2):
-// m_new = mx where mx exceeds the shared m by more than 8, else m; base = Base(m_new) and scale =
-// 2^(m - base) (what the sums against m are worth against m_new). A maximum that lags the true
-// one by up to 8 leaves P = 2^(s - base) at most 256, which fp32 sums and bf16 P hold as well as
-// values up to 1, and most tiles then rescale nothing (a warp skips a rescale by exactly 1): on
-// random data 2-3 % of an h_q 128 call at 4K-16K (kernels/mla_decode/NOTES.md v12). Once every
-// lane of the warp has read m (the four lanes of a row read the word that lane 4i then writes),
-// lane 4i stores m_new and the scale into `scales`.
+// m_new = LaggedMax(m, mx) against the shared m, base = Base(m_new) and scale = 2^(m - base)
+// (what the sums against m are worth against m_new). Most tiles then rescale nothing (a warp
+// skips a rescale by exactly 1): on random data 2-3 % of an h_q 128 call at 4K-16K
+// (kernels/mla_decode/NOTES.md v12). Once every lane of the warp has read m (the four lanes of a
+// row read the word that lane 4i then writes), lane 4i stores m_new and the scale into `scales`.
 __device__ __forceinline__ void AdvanceRowMax(const Block& blk, const float (&mx)[2], float* scales,
                                               float (&base)[2], float (&scale)[2]) {
   float m_new[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const float m = blk.row_max()[blk.row0() + 8 * r];
-    m_new[r] = mx[r] > m + 8.f ? mx[r] : m;  // -inf + 8 = -inf: the first finite mx moves it
+    m_new[r] = LaggedMax(m, mx[r]);
     base[r] = Base(m_new[r]);
     scale[r] = Exp2(m - base[r]);
   }

@@ -257,11 +257,8 @@ __global__ void __launch_bounds__(128 * (kWgs + 1), 1)
         const int h = head(c);
         const float m_tile =
             fmaxf(fmaxf(red[h], red[kN + h]), fmaxf(red[2 * kN + h], red[3 * kN + h]));
-        // The slack rule of the seesaw kernel (AdvanceRowMax): the maximum moves only when the
-        // tile's exceeds it by more than 8 (-inf + 8 = -inf: the first finite one moves it), so P
-        // stays at most 256 and most tiles scale O by exactly 1.
-        const float m_new = m_tile > m_run[c] + 8.f ? m_tile : m_run[c];
-        const float base = m_new == -INFINITY ? 0.f : m_new;
+        const float m_new = LaggedMax(m_run[c], m_tile);  // most tiles then scale O by 1
+        const float base = Base(m_new);
         alpha[c] = Exp2(m_run[c] - base);
         m_run[c] = m_new;
         l_part[c] *= alpha[c];
@@ -383,7 +380,7 @@ __global__ void __launch_bounds__(128 * (kWgs + 1), 1)
 #pragma unroll
       for (int c = 0; c < kC; ++c) {
         const float m1 = merge[head(c)], l1 = merge[kN + head(c)];
-        const float m = fmaxf(m_run[c], m1), base = m == -INFINITY ? 0.f : m;
+        const float m = fmaxf(m_run[c], m1), base = Base(m);
         f_own[c] = exp2f(m_run[c] - base);
         f_other[c] = exp2f(m1 - base);
         l_tot[c] = l_tot[c] * f_own[c] + l1 * f_other[c];
