@@ -47,6 +47,7 @@ struct Args {
   int64_t context = 1024, steps = 20, num_layers = 0;
   bool cuda_graphs = true;
   bool fold_norms = true;
+  bool rope_beside = true;
   int64_t moe_device_max_tokens = 256;
   int64_t concurrent_loads = 0;  // pages
 };
@@ -68,6 +69,7 @@ void Run(const Args& a) {
   options.num_pages = max_b * pages_per_seq;
   options.cuda_graphs = a.cuda_graphs;
   options.fold_norms = a.fold_norms;
+  options.rope_beside_query = a.rope_beside;
   options.moe_device_max_tokens = a.moe_device_max_tokens;
   if (auto st = cuda::CudaAvailable(); !st.ok()) Fail(2, StrCat("bench decode: ", st.message()));
   const auto t0 = std::chrono::steady_clock::now();
@@ -105,6 +107,7 @@ void Run(const Args& a) {
   report["context"] = a.context;
   report["cuda_graphs"] = a.cuda_graphs;
   report["fold_norms"] = a.fold_norms;
+  report["rope_beside"] = a.rope_beside;
   report["moe_device_max_tokens"] = a.moe_device_max_tokens;
   report["hbm_bytes_per_second"] = kHbmBytesPerSecond;
   report["ratios"] = nlohmann::json::object();
@@ -244,6 +247,9 @@ void RegisterBenchDecodeCommand(CLI::App& app) {
       ->default_val(true);
   cmd->add_option("--fold-norms", a->fold_norms,
                   "One-row steps: the projections after a norm form its row (0: norm kernels)")
+      ->default_val(true);
+  cmd->add_option("--rope-beside", a->rope_beside,
+                  "Few-row steps: the RoPE-rows kernel runs beside q·W_UK (0: ahead of it)")
       ->default_val(true);
   cmd->add_option("--moe-device-max-tokens", a->moe_device_max_tokens,
                   "Device-side MoE routing up to this many tokens (0: always via the host)")

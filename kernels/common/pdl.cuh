@@ -19,6 +19,20 @@ __device__ __forceinline__ void PdlGridSync() {
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 }
 
+// The other order, for a kernel that runs beside the one before it, which calls PdlGridSync:
+// this kernel is launched only once every block of that one has passed its wait, so what the
+// kernels before that one wrote is complete, and this kernel may read it at once if that one
+// neither writes what it reads nor reads what it writes. PdlLaunchNext() first (the next kernel
+// may launch; it waits for this one), the work, then PdlWaitBeforeExit(): the grid completes only
+// after the one before it, so the next kernel's PdlGridSync finds both done. Launched the
+// ordinary way, both are no-ops and the stream orders the three.
+__device__ __forceinline__ void PdlLaunchNext() {
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+}
+__device__ __forceinline__ void PdlWaitBeforeExit() {
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+}
+
 // kernel<<<grid, block, smem, stream>>>(args...), with the programmatic-serialization attribute
 // when enabled. Returns the launch error, which is also the runtime's last error (as after <<<>>>).
 template <typename... KernelArgs, typename... Args>

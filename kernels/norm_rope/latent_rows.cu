@@ -19,8 +19,7 @@ constexpr int kMaxTurns = kLatentRowsMaxRank / 8 / kNormThreads;
 
 constexpr int kQueryHeadsPerBlock = kThreads / 32;
 
-__global__ void __launch_bounds__(kThreads) LatentRowsKernel(LatentRowsParams p) {
-  PdlGridSync();
+__device__ __forceinline__ void LatentRowsBody(const LatentRowsParams& p) {
   __shared__ float scratch[kNormWarps];
   const int64_t token = blockIdx.x;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -79,6 +78,19 @@ __global__ void __launch_bounds__(kThreads) LatentRowsKernel(LatentRowsParams p)
   }
 }
 
+// kBeside: LatentRowsParams::beside_previous (pdl.cuh's PdlLaunchNext / PdlWaitBeforeExit).
+template <bool kBeside>
+__global__ void __launch_bounds__(kThreads) LatentRowsKernel(LatentRowsParams p) {
+  if constexpr (kBeside) {
+    PdlLaunchNext();
+    LatentRowsBody(p);
+    PdlWaitBeforeExit();
+  } else {
+    PdlGridSync();
+    LatentRowsBody(p);
+  }
+}
+
 absl::Status Invalid(const std::string& what) {
   return absl::InvalidArgumentError("LaunchLatentRows: " + what);
 }
@@ -127,7 +139,7 @@ absl::Status LaunchLatentRows(const LatentRowsParams& params, cudaStream_t strea
   if (params.num_tokens == 0) return absl::OkStatus();
   const unsigned query_blocks =
       static_cast<unsigned>((params.q_heads + kQueryHeadsPerBlock - 1) / kQueryHeadsPerBlock);
-  (void)LaunchPdl(LatentRowsKernel,
+  (void)LaunchPdl(params.beside_previous ? LatentRowsKernel<true> : LatentRowsKernel<false>,
                   dim3(static_cast<unsigned>(params.num_tokens), 1 + query_blocks), dim3(kThreads),
                   0, stream, params);
   const cudaError_t err = cudaGetLastError();

@@ -51,6 +51,12 @@ struct LatentRowsParams {
   int64_t q_token_stride = 0, q_head_stride = 0;  // elements
   __nv_bfloat16* q_out = nullptr;                 // optional; must not overlap q
   int64_t q_out_token_stride = 0, q_out_head_stride = 0;
+  // Run beside the kernel ahead of this launch on the stream (pdl.cuh's PdlLaunchNext): that
+  // kernel calls PdlGridSync, every input above was written by the kernels before it, and it
+  // neither writes what this launch reads or writes nor reads what it writes. The rows are then
+  // written at once, and the kernel waits for that kernel only before it exits, so whatever comes
+  // next finds both complete. A decode step launches q·W_UK first and this beside it.
+  bool beside_previous = false;
 };
 
 // InvalidArgument naming the bad field.

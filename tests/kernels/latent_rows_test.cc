@@ -2,19 +2,23 @@
 // references (RmsNormReference, cpu::Rope), and bit for bit against the kernels it stands for
 // (RmsNorm and Rope in place, then the row scatter) on the same inputs, for ranks up to 512. Page
 // rows no token goes to must come back untouched. The optional query part (q_pe of every head,
-// in place or into separate rows) bit for bit against the Rope kernel (label gpu: SKIPPED without
-// a GPU).
+// in place or into separate rows) bit for bit against the Rope kernel. Launched beside a long
+// kernel ahead of it (beside_previous), the same results, and a kernel after it finds the one
+// ahead complete (label gpu: SKIPPED without a GPU).
 #include "kernels/norm_rope/latent_rows.h"
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <vector>
 
 #include "compute_nodes/backend/cpu/cpu_ops.h"
 #include "compute_nodes/model/model_config.h"
+#include "kernels/moe_experts/moe_experts.h"
 #include "kernels/norm_rope/rms_norm.h"
 #include "tests/kernels/gpu_test_util.h"
 #include "tests/kernels/rope_test_config.h"
@@ -34,7 +38,68 @@ struct Case {
   model::RopeLayout layout;
   bool yarn;
   int q_heads = 0;
-  bool q_out = false;  // the query vectors into separate rows (else in place)
+  bool q_out = false;   // the query vectors into separate rows (else in place)
+  bool beside = false;  // launched beside a long kernel ahead of it (beside_previous)
+};
+
+// For the beside cases: a kernel ahead (a GEMV over 128 MB of weights in one wave of CTAs, tens of
+// µs) writing g, the latent rows launched beside it, and a kernel after them that reads g: it
+// must find g complete (poisoned until written: NaN). This is what PdlWaitBeforeExit promises by
+// the programming model; on an H100 the check also passed with the wait removed (session 33), so
+// there it guards the contract rather than catching that mutant.
+class AheadAndAfter {
+ public:
+  static constexpr int kRows = 4096, kK = 16384, kOut = 64;
+  AheadAndAfter()
+      : w_(size_t{kRows} * kK * 2),
+        x_(size_t{kK} * 2),
+        g_(size_t{kRows} * 2),
+        w2_(size_t{kOut} * kRows * 2),
+        h_(size_t{kOut} * 4),
+        h_ref_(size_t{kOut} * 4) {
+    (void)cudaMemset(w_.get(), 0x3c, size_t{kRows} * kK * 2);  // bf16 0x3c3c, ~0.0115
+    std::mt19937 rng(7);
+    std::normal_distribution<float> normal(0.f, 1.f);
+    std::vector<uint16_t> x(kK), w2(size_t{kOut} * kRows);
+    for (uint16_t& v : x) v = ToBf16(normal(rng));
+    for (uint16_t& v : w2) v = ToBf16(normal(rng));
+    (void)cudaMemcpy(x_.get(), x.data(), x.size() * 2, cudaMemcpyHostToDevice);
+    (void)cudaMemcpy(w2_.get(), w2.data(), w2.size() * 2, cudaMemcpyHostToDevice);
+  }
+  absl::Status Ahead(cudaStream_t s) {  // g = W x
+    return LaunchSkinnyGemm(Gemm(kRows, kK, x_.get<__nv_bfloat16>(), w_.get<__nv_bfloat16>(),
+                                 g_.get<__nv_bfloat16>(), nullptr),
+                            s);
+  }
+  absl::Status After(cudaStream_t s, bool reference) {  // h = W2 g
+    return LaunchSkinnyGemm(Gemm(kOut, kRows, g_.get<__nv_bfloat16>(), w2_.get<__nv_bfloat16>(),
+                                 nullptr, (reference ? h_ref_ : h_).get<float>()),
+                            s);
+  }
+  // Whether the kernel after found g complete: h equals the same kernel's h over the finished g.
+  void Check() {
+    const auto h = h_.Download<float>(), want = h_ref_.Download<float>();
+    int64_t finite = 0;
+    for (float v : want) finite += std::isfinite(v);
+    ASSERT_EQ(finite, kOut) << "the kernel ahead must leave a finite g";
+    EXPECT_EQ(std::memcmp(h.data(), want.data(), h.size() * 4), 0)
+        << "the kernel after the latent rows read g before the kernel ahead had finished it";
+  }
+
+ private:
+  static SkinnyGemmParams Gemm(int n_out, int k, const __nv_bfloat16* x, const __nv_bfloat16* w,
+                               __nv_bfloat16* out, float* out_f32) {
+    SkinnyGemmParams g;
+    g.tokens = 1;
+    g.n_out = n_out;
+    g.k = k;
+    g.x = x;
+    g.w = w;
+    g.out = out;
+    g.out_f32 = out_f32;
+    return g;
+  }
+  DeviceBuffer w_, x_, g_, w2_, h_, h_ref_;
 };
 
 // The query rows as the engine lays them out: per head [nope 128 | pe 64], heads * 192 wide,
@@ -117,8 +182,24 @@ class LatentRowsTest : public ::testing::Test {
         p.q_out_head_stride = kOutHead;
       }
     }
-    const absl::Status st = LaunchLatentRows(p, nullptr);
-    ASSERT_TRUE(st.ok()) << st;
+    if (c.beside) {
+      AheadAndAfter around;
+      cudaStream_t stream;
+      ASSERT_CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+      p.beside_previous = true;
+      absl::Status st = around.Ahead(stream);
+      if (st.ok()) st = LaunchLatentRows(p, stream);
+      if (st.ok()) st = around.After(stream, /*reference=*/false);
+      ASSERT_CUDA_OK(cudaStreamSynchronize(stream));
+      ASSERT_TRUE(st.ok()) << st;
+      ASSERT_TRUE(around.After(stream, /*reference=*/true).ok());
+      ASSERT_CUDA_OK(cudaStreamSynchronize(stream));
+      ASSERT_CUDA_OK(cudaStreamDestroy(stream));
+      around.Check();
+    } else {
+      const absl::Status st = LaunchLatentRows(p, nullptr);
+      ASSERT_TRUE(st.ok()) << st;
+    }
     ASSERT_CUDA_OK(cudaDeviceSynchronize());
     EXPECT_EQ(din.Download<uint16_t>(), in16) << "the input rows must only be read";
     const auto got = dpages.Download<uint16_t>();
@@ -277,6 +358,9 @@ TEST_F(LatentRowsTest, MatchesReferencesAndTheUnfusedKernels) {
       {257, 512, 1024, model::RopeLayout::kHalves, true, 16, false},      // a prefill chunk
       {5, 2048, 40, model::RopeLayout::kDeinterleaved, true, 4, false},   // widest rank: 4 turns
       {3, 8, 9, model::RopeLayout::kDeinterleaved, false, 1, true},       // tiny rank
+      // Beside a long kernel ahead (the decode step's order: q·W_UK, then these rows).
+      {1, 512, 64, model::RopeLayout::kDeinterleaved, true, 16, true, true},
+      {16, 512, 300, model::RopeLayout::kInterleaved, false, 128, true, true},
   };
   for (const Case& c : cases) Run(c);
 }

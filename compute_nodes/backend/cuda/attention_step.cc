@@ -129,13 +129,13 @@ absl::Status CudaEngine::Impl::MhaAttention(const DeviceLayer& L, const StepPlan
   return absl::OkStatus();
 }
 
-// Attention, absorbed form (MLA decode over the latent pages).
-absl::Status CudaEngine::Impl::AbsorbedAttention(const DeviceLayer& L, const StepPlan& P,
-                                                 int64_t layer) {
+// The MLA query rows' latent part, q_lat = q_nope · W_UK per head (and q_pe copied beside it
+// unless RopeRows wrote it there).
+absl::Status CudaEngine::Impl::QueryLatent(const DeviceLayer& L, const StepPlan& P, int64_t layer) {
   if (P.m == 0) return absl::OkStatus();
   const ModelConfig& c = W.config();
   const int64_t m = P.m, heads = c.num_attention_heads, nope = c.qk_nope_head_dim;
-  const int64_t vd = c.v_head_dim, qk = c.qk_head_dim();
+  const int64_t qk = c.qk_head_dim();
   const KvbSlices kvb = SlicesOf(L.kv_b_proj, c);
   const int64_t hq_pad = QueryHeadsPadded();
   // The decode rows' queries: in place for decode-only steps, else gathered (compact rows).
@@ -194,6 +194,19 @@ absl::Status CudaEngine::Impl::AbsorbedAttention(const DeviceLayer& L, const Ste
     RETURN_IF_ERROR(blas.Gemm(g));
   }
   if (copy_pe) RETURN_IF_ERROR(side->Join());
+  return absl::OkStatus();
+}
+
+// Attention, absorbed form (MLA decode over the latent pages).
+absl::Status CudaEngine::Impl::AbsorbedAttention(const DeviceLayer& L, const StepPlan& P,
+                                                 int64_t layer, bool query_latent_done) {
+  if (P.m == 0) return absl::OkStatus();
+  if (!query_latent_done) RETURN_IF_ERROR(QueryLatent(L, P, layer));
+  const ModelConfig& c = W.config();
+  const int64_t m = P.m, heads = c.num_attention_heads, vd = c.v_head_dim;
+  const KvbSlices kvb = SlicesOf(L.kv_b_proj, c);
+  const int64_t hq_pad = QueryHeadsPadded();
+  const bool skinny = m <= kSkinnyMaxRows && wuk_t != nullptr;
   kernels::MlaDecodeParams p;
   p.batch = static_cast<int>(m);
   p.num_heads_q = static_cast<int>(hq_pad);
@@ -201,7 +214,7 @@ absl::Status CudaEngine::Impl::AbsorbedAttention(const DeviceLayer& L, const Ste
   p.max_pages_per_seq = static_cast<int>(P.table_pages);
   p.num_splits = P.num_splits;
   p.softmax_scale = static_cast<float>(c.SoftmaxScale());
-  p.q = qf;
+  p.q = qfull.as<bf16>();
   p.kv_cache = pool.layer_base(layer);
   p.block_table = meta.At<int32_t>(P.o_dtab);
   p.seqlens = meta.At<int32_t>(P.o_dlen);

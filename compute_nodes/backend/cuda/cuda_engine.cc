@@ -490,8 +490,13 @@ kernels::RmsNormParams CudaEngine::Impl::NormParams(int64_t rows, int64_t dim, c
   return p;
 }
 
+bool CudaEngine::Impl::RopeBesideQuery(const StepPlan& P) const {
+  return options.rope_beside_query && P.all_decode && P.m > 0 && P.m <= kSkinnyMaxRows &&
+         wuk_t != nullptr && kernels::ProgrammaticLaunchEnabled();
+}
+
 absl::Status CudaEngine::Impl::RopeRows(const bf16* kv_a, int64_t ld_kv_a, const bf16* norm_weight,
-                                        const StepPlan& P, bf16* pages) {
+                                        const StepPlan& P, bf16* pages, bool beside) {
   const ModelConfig& c = W.config();
   const int64_t heads = c.num_attention_heads, qk = c.qk_head_dim();
   kernels::LatentRowsParams p;
@@ -518,6 +523,7 @@ absl::Status CudaEngine::Impl::RopeRows(const bf16* kv_a, int64_t ld_kv_a, const
     p.q_out_token_stride = QueryHeadsPadded() * kRow;
     p.q_out_head_stride = kRow;
   }
+  p.beside_previous = beside;
   return kernels::LaunchLatentRows(p, s);
 }
 
@@ -578,9 +584,13 @@ absl::Status CudaEngine::Impl::Enqueue(const StepPlan& P) {
       RETURN_IF_ERROR(
           LinearBf16(blas, s, L.q_b_proj, qap, c.q_lora_rank, n, QueryRows(), heads * qk));
     }
-    RETURN_IF_ERROR(RopeRows(qkvp + q_cols, qkv_ld, L.kv_a_norm, P, pool.layer_base(l)));
+    // q·W_UK and the RoPE rows read only the projections' output: on decode steps of few rows
+    // the RoPE rows run beside q·W_UK, off the critical path.
+    const bool beside = RopeBesideQuery(P);
+    if (beside) RETURN_IF_ERROR(QueryLatent(L, P, l));
+    RETURN_IF_ERROR(RopeRows(qkvp + q_cols, qkv_ld, L.kv_a_norm, P, pool.layer_base(l), beside));
     RETURN_IF_ERROR(MhaAttention(L, P, l));
-    RETURN_IF_ERROR(AbsorbedAttention(L, P, l));
+    RETURN_IF_ERROR(AbsorbedAttention(L, P, l, /*query_latent_done=*/beside));
     RETURN_IF_ERROR(LinearBf16(blas, s, L.o_proj, attn.as<bf16>(), heads * c.v_head_dim, n, dp, h));
 
     // ---- Feed-forward. Folded (MoE layers), the router logits' kernel writes xn and the residual.

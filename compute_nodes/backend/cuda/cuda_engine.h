@@ -57,6 +57,9 @@ struct CudaEngineOptions {
   // One-row steps: the q|kv_a projection and a MoE layer's router logits form their norm's row
   // themselves (kernels::MoeNormIn), two norm launches less per layer; bit-identical either way.
   bool fold_norms = true;
+  // Decode steps of up to 16 rows: each layer's RoPE-rows kernel runs beside q·W_UK instead of
+  // ahead of it (LatentRowsParams::beside_previous); the same results either way.
+  bool rope_beside_query = true;
   // The KV pool registers a same-host cache server's shm arena with CUDA (in the background) and
   // imports cached blocks from it in place (DeviceKvPoolOptions::register_shared_regions).
   bool read_cache_in_place = true;

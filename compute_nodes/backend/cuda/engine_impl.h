@@ -87,8 +87,13 @@ struct CudaEngine::Impl {
                                     const kernels::RmsNormMoeSum& moe_sum = {}) const;
   // One kernel for a layer's RoPE: the step's new latent rows (kv_a_proj output, [n][576] at
   // stride ld_kv_a) normed, roped and written into their pages, and the query rows' q_pe roped.
+  // `beside`: launched right after QueryLatent, to run beside it (RopeBesideQuery).
   absl::Status RopeRows(const bf16* kv_a, int64_t ld_kv_a, const bf16* norm_weight,
-                        const StepPlan& P, bf16* pages);
+                        const StepPlan& P, bf16* pages, bool beside);
+  // Whether a layer launches QueryLatent first and RopeRows beside it (LatentRowsParams::
+  // beside_previous): decode-only steps with programmatic launches and the skinny q·W_UK,
+  // whose query rows neither kernel writes. Else RopeRows runs first, then QueryLatent.
+  bool RopeBesideQuery(const StepPlan& P) const;
   // Whether RopeRows writes q_pe straight into the MLA query rows (decode-only steps: row r is
   // decode row r) or AbsorbedAttention copies it there (mixed steps gather the decode rows).
   static bool RopesIntoQueryRows(const StepPlan& P) { return P.all_decode; }
@@ -110,7 +115,11 @@ struct CudaEngine::Impl {
   // copy into host_logits (already large enough) at byte `at`.
   absl::Status PickTokens(std::span<const runtime::SequenceInput> batch, const StepPlan& P,
                           int64_t vocab, size_t at);
-  absl::Status AbsorbedAttention(const DeviceLayer& L, const StepPlan& P, int64_t layer);
+  // q_lat = q_nope · W_UK into the MLA query rows (q_pe copied beside it on mixed steps).
+  absl::Status QueryLatent(const DeviceLayer& L, const StepPlan& P, int64_t layer);
+  // MLA decode of the decode rows, then · W_UVᵀ; QueryLatent first unless `query_latent_done`.
+  absl::Status AbsorbedAttention(const DeviceLayer& L, const StepPlan& P, int64_t layer,
+                                 bool query_latent_done);
 
   const DeviceWeights& W;
   DeviceKvPool& pool;
