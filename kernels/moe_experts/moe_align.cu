@@ -4,6 +4,7 @@
 
 #include "kernels/common/pdl.cuh"
 #include "kernels/moe_experts/moe_experts.h"
+#include "kernels/moe_router/align_block.cuh"
 
 namespace strata::kernels {
 namespace {
@@ -11,83 +12,9 @@ namespace {
 constexpr int kThreads = 1024;
 
 __global__ void __launch_bounds__(kThreads) MoeAlignKernel(MoeAlignParams p) {
-  __shared__ int count[kMoeAlignMaxExperts];
-  __shared__ int offset[kMoeAlignMaxExperts + 1];
-  __shared__ int fill[kMoeAlignMaxExperts];
-  __shared__ int active_at[kMoeAlignMaxExperts];  // position in the active list, or -1
-  __shared__ int bad;
   PdlGridSync();
-  const int tid = threadIdx.x;
-  const int num_e = p.num_experts;
-  const int total = p.num_tokens * p.top_k;
-  for (int e = tid; e < num_e; e += kThreads) {
-    count[e] = 0;
-    fill[e] = 0;
-  }
-  if (tid == 0) bad = 0;
-  __syncthreads();
-  for (int i = tid; i < total; i += kThreads) {
-    const int e = p.experts[i];
-    if (e >= 0 && e < num_e) {
-      atomicAdd(&count[e], 1);
-    } else {
-      bad = 1;
-    }
-  }
-  __syncthreads();
-  // Exclusive scans of the counts and of the active flags by warp 0 (each lane owns a contiguous
-  // run of experts).
-  if (tid < 32) {
-    const int per_lane = (num_e + 31) / 32;
-    const int lo = min(num_e, tid * per_lane), hi = min(num_e, lo + per_lane);
-    int sum = 0, act = 0;
-    for (int e = lo; e < hi; ++e) {
-      sum += count[e];
-      act += count[e] > 0 ? 1 : 0;
-    }
-    int sum_incl = sum, act_incl = act;
-#pragma unroll
-    for (int d = 1; d < 32; d *= 2) {
-      const int s = __shfl_up_sync(0xffffffffu, sum_incl, d);
-      const int a = __shfl_up_sync(0xffffffffu, act_incl, d);
-      if (tid >= d) {
-        sum_incl += s;
-        act_incl += a;
-      }
-    }
-    int run = sum_incl - sum, run_act = act_incl - act;
-    for (int e = lo; e < hi; ++e) {
-      offset[e] = run;
-      run += count[e];
-      active_at[e] = count[e] > 0 ? run_act++ : -1;
-    }
-    if (tid == 31) {
-      offset[num_e] = sum_incl;
-      *p.out.num_active = act_incl;
-    }
-  }
-  __syncthreads();
-  for (int e = tid; e < num_e; e += kThreads) {
-    p.out.expert_count[e] = count[e];
-    p.out.expert_offset[e] = offset[e];
-    p.out.active[e] = -1;
-  }
-  if (tid == 0) p.out.expert_offset[num_e] = offset[num_e];
-  __syncthreads();  // the -1 fill above happens before the active entries below (same memory)
-  for (int e = tid; e < num_e; e += kThreads) {
-    if (active_at[e] >= 0) p.out.active[active_at[e]] = e;
-  }
-  for (int i = tid; i < total; i += kThreads) {
-    const int e = p.experts[i];
-    if (e >= 0 && e < num_e) {
-      const int slot = offset[e] + atomicAdd(&fill[e], 1);
-      p.out.slot_token[slot] = i / p.top_k;
-      p.out.token_slot[i] = slot;
-    } else {
-      p.out.token_slot[i] = -1;
-    }
-  }
-  if (tid == 0 && bad) *p.out.error = 1;
+  moe_align::AlignChoices<kMoeAlignMaxExperts>(p.experts, p.num_tokens, p.top_k, p.num_experts,
+                                               p.out);
 }
 
 absl::Status Invalid(const std::string& what) {

@@ -5,13 +5,14 @@
 #include <string>
 
 #include "kernels/common/pdl.cuh"
+#include "kernels/moe_router/align_block.cuh"
 #include "kernels/moe_router/moe_router.h"
 
 namespace strata::kernels {
 namespace {
 
-constexpr int kWarps = 4;
-constexpr int kThreads = 32 * kWarps;
+constexpr int kWarps = 4;  // tokens per block, unless the block aligns its tokens' choices
+constexpr int kMaxThreads = 32 * kMoeRouterAlignMaxTokens;
 
 // Better of (v, i) and (w, j): larger value, then lower index.
 __device__ __forceinline__ bool Better(float v, int i, float w, int j) {
@@ -59,16 +60,11 @@ __device__ void AlignOneToken(const MoeAlignment& a, int num_experts, int top_k,
   }
 }
 
-__global__ void __launch_bounds__(kThreads) MoeRouterKernel(MoeRouterParams p) {
-  PdlGridSync();
-  __shared__ float s_score[kWarps][kMoeMaxExperts];
-  __shared__ float s_choice[kWarps][kMoeMaxExperts];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t token = static_cast<int64_t>(blockIdx.x) * kWarps + warp;
-  if (token >= p.num_tokens) return;
+// Routes `token` by one warp (score and choice: num_experts floats of shared memory each); lane
+// k < top_k returns choice k's expert.
+__device__ int RouteToken(const MoeRouterParams& p, int64_t token, int lane, float* score,
+                          float* choice) {
   const float* logits = p.logits + token * p.ld_logits;
-  float* score = s_score[warp];
-  float* choice = s_choice[warp];
   const int E = p.num_experts;
 
   if (p.scoring == MoeScoring::kSoftmax) {
@@ -160,7 +156,33 @@ __global__ void __launch_bounds__(kThreads) MoeRouterKernel(MoeRouterParams p) {
     p.experts[token * p.top_k + lane] = my_expert;
     p.weights[token * p.top_k + lane] = w;
   }
-  if (p.align.expert_count != nullptr) AlignOneToken(p.align, E, p.top_k, my_expert, lane);
+  return my_expert;
+}
+
+// One warp per token (blockDim.x / 32 tokens per block; shared memory: RouterSmemBytes).
+// kAlignBlock: the block holds every token, and aligns their choices once they are all written.
+template <bool kAlignBlock>
+__global__ void __launch_bounds__(kMaxThreads) MoeRouterKernel(MoeRouterParams p) {
+  PdlGridSync();
+  extern __shared__ float s_route[];  // [warps][2][num_experts]: scores, choices
+  const int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t token = static_cast<int64_t>(blockIdx.x) * warps + warp;
+  if (token < p.num_tokens) {
+    float* score = s_route + 2 * warp * p.num_experts;
+    const int expert = RouteToken(p, token, lane, score, score + p.num_experts);
+    if (!kAlignBlock && p.align.expert_count != nullptr) {
+      AlignOneToken(p.align, p.num_experts, p.top_k, expert, lane);
+    }
+  }
+  if constexpr (kAlignBlock) {
+    __syncthreads();  // every token's choices are written (global writes, seen by the block)
+    moe_align::AlignChoices<kMoeMaxExperts>(p.experts, p.num_tokens, p.top_k, p.num_experts,
+                                            p.align);
+  }
+}
+
+size_t RouterSmemBytes(int warps, int num_experts) {
+  return static_cast<size_t>(warps) * 2 * num_experts * sizeof(float);
 }
 
 absl::Status Invalid(const std::string& what) {
@@ -190,7 +212,10 @@ absl::Status ValidateMoeRouterParams(const MoeRouterParams& p) {
   if (p.ld_logits < p.num_experts) return Invalid("ld_logits < num_experts");
   if (!std::isfinite(p.routed_scaling_factor)) return Invalid("routed_scaling_factor not finite");
   if (const int set = MoeAlignmentArraysSet(p.align); set > 0) {
-    if (p.num_tokens != 1) return Invalid("align outputs are for one-token calls only");
+    if (p.num_tokens > kMoeRouterAlignMaxTokens) {
+      return Invalid("align outputs are for calls of up to " +
+                     std::to_string(kMoeRouterAlignMaxTokens) + " tokens");
+    }
     if (set != kMoeAlignmentArrays) return Invalid("align: every array must be set, or none");
   }
   return absl::OkStatus();
@@ -199,9 +224,21 @@ absl::Status ValidateMoeRouterParams(const MoeRouterParams& p) {
 absl::Status LaunchMoeRouter(const MoeRouterParams& params, cudaStream_t stream) {
   if (absl::Status st = ValidateMoeRouterParams(params); !st.ok()) return st;
   if (params.num_tokens == 0) return absl::OkStatus();
-  const int blocks = (params.num_tokens + kWarps - 1) / kWarps;
-  (void)LaunchPdl(MoeRouterKernel, dim3(blocks), dim3(kThreads), 0, stream, params);
-  const cudaError_t err = cudaGetLastError();
+  // Two or more tokens with their alignment: one block of a warp per token, which aligns them.
+  const bool align_block = params.num_tokens > 1 && MoeAlignmentArraysSet(params.align) > 0;
+  const int warps = align_block ? params.num_tokens : kWarps;
+  const int blocks = (params.num_tokens + warps - 1) / warps;
+  const size_t smem = RouterSmemBytes(warps, params.num_experts);
+  auto* kernel = align_block ? MoeRouterKernel<true> : MoeRouterKernel<false>;
+  cudaError_t err = cudaSuccess;
+  if (smem > 32 * 1024) {  // past the default once AlignChoices' own arrays are added
+    err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               static_cast<int>(smem));
+  }
+  if (err == cudaSuccess) {
+    (void)LaunchPdl(kernel, dim3(blocks), dim3(32 * warps), smem, stream, params);
+    err = cudaGetLastError();
+  }
   if (err != cudaSuccess) {
     return absl::InternalError(std::string("LaunchMoeRouter: ") + cudaGetErrorString(err));
   }

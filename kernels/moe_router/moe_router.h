@@ -13,9 +13,9 @@
 //
 // One warp per token; logits are the fp32 router GEMM output. Thread safety: stateless.
 //
-// A one-token call (a batch-1 decode step) can also write what LaunchMoeAlign
-// (kernels/moe_experts/moe_experts.h) would for its choices, so no alignment launch follows it
-// on the step's critical path (MoeAlignment below).
+// A call of up to kMoeRouterAlignMaxTokens tokens (a decode step of few rows) can also write what
+// LaunchMoeAlign (kernels/moe_experts/moe_experts.h) would for its choices, so no alignment launch
+// follows it on the step's critical path (MoeAlignment below).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -31,13 +31,17 @@ enum class MoeTopkMethod { kGreedy = 0, kGroupLimitedGreedy = 1, kNoauxTc = 2 };
 
 inline constexpr int kMoeMaxExperts = 512;
 inline constexpr int kMoeMaxTopK = 32;
+// The most tokens of a call that also writes its alignment (one block of a warp per token).
+inline constexpr int kMoeRouterAlignMaxTokens = 16;
 
 // The alignment of a routing into per-expert slot groups (device arrays; their contents are
-// LaunchMoeAlign's, kernels/moe_experts/moe_experts.h). The router's warp writes them for a
-// one-token call with two differences: the active experts are listed in choice order (slot i
-// holds the i-th valid choice), not ascending, and expert_offset is written for the chosen experts
-// and at [num_experts] only. A choice outside [0, num_experts) gets token_slot -1 and sets *error
-// in both.
+// LaunchMoeAlign's, kernels/moe_experts/moe_experts.h). The router writes them for a call of up
+// to kMoeRouterAlignMaxTokens tokens. One token: its warp, with two differences: the active
+// experts are listed in choice order (slot i holds the i-th valid choice), not ascending, and
+// expert_offset is written for the chosen experts and at [num_experts] only. More: the call runs
+// as one block of a warp per token, which aligns the choices by LaunchMoeAlign's own code
+// (align_block.cuh) once they are written. A choice outside [0, num_experts) gets token_slot -1
+// and sets *error in all three.
 struct MoeAlignment {
   int32_t* expert_count = nullptr;   // [num_experts]
   int32_t* expert_offset = nullptr;  // [num_experts + 1]
@@ -73,7 +77,8 @@ struct MoeRouterParams {
   const float* bias = nullptr;  // [num_experts] or null (used by noaux_tc only)
   int32_t* experts = nullptr;   // [num_tokens][top_k]
   float* weights = nullptr;     // [num_tokens][top_k]
-  // Set (every array) for num_tokens == 1 only: the alignment of the choices (see above).
+  // Set (every array) for num_tokens <= kMoeRouterAlignMaxTokens only: the alignment of the
+  // choices (see above).
   MoeAlignment align;
 };
 

@@ -2,8 +2,9 @@
 // the DeepSeek-V3 (sigmoid, noaux_tc, 8 groups), V2 (softmax, group_limited_greedy) and V2-Lite
 // (softmax, greedy) routers plus an odd small one (label gpu: SKIPPED without a GPU). Both sides
 // compute the scores in double and round to fp32, so the chosen experts must be identical, in
-// order; weights agree to fp32 rounding. Outputs are poisoned before the launch. One-token calls
-// also write their alignment (MoeAlignment), checked against the chosen experts.
+// order; weights agree to fp32 rounding. Outputs are poisoned before the launch. Calls of up to
+// 16 tokens also write their alignment (MoeAlignment): one token's checked against the chosen
+// experts, more tokens' against LaunchMoeAlign's over the same choices.
 #include "kernels/moe_router/moe_router.h"
 
 #include <gtest/gtest.h>
@@ -33,11 +34,6 @@ struct RouterCase {
   double scale;
 };
 
-// The (poisoned) alignment arrays of a one-token call.
-testing::MoeAlignBuffers OneTokenAlignment(int experts, int top_k) {
-  return testing::MoeAlignBuffers(std::vector<int32_t>(top_k, 0), 1, top_k, experts);
-}
-
 // The alignment the router wrote against its choices (experts[0][0:top_k], every one valid).
 void CheckAlignment(const testing::MoeAlignBuffers& b, const std::vector<int32_t>& choices,
                     int experts, int top_k) {
@@ -62,6 +58,33 @@ void CheckAlignment(const testing::MoeAlignBuffers& b, const std::vector<int32_t
   for (int k = 0; k < top_k; ++k) EXPECT_EQ(slot_used[k], 1) << "slot " << k;
   for (int e = 0; e < experts; ++e) EXPECT_EQ(c[e], chosen[e]) << "expert " << e;
   for (int i = top_k; i < experts; ++i) EXPECT_EQ(a[i], -1) << "active " << i;
+}
+
+// The alignment a router block wrote for `tokens` tokens against LaunchMoeAlign's over the same
+// choices: equal arrays, except that the order of the slots inside an expert's range is free.
+void CheckBlockAlignment(const testing::MoeAlignBuffers& got, const std::vector<int32_t>& choices,
+                         int tokens, int experts, int top_k) {
+  testing::MoeAlignBuffers want(choices, tokens, top_k, experts);
+  ASSERT_TRUE(LaunchMoeAlign(want.params, nullptr).ok());
+  ASSERT_CUDA_OK(cudaDeviceSynchronize());
+  EXPECT_EQ(got.count.Download<int32_t>(), want.count.Download<int32_t>());
+  const auto o = got.offset.Download<int32_t>();
+  EXPECT_EQ(o, want.offset.Download<int32_t>());
+  EXPECT_EQ(got.active.Download<int32_t>(), want.active.Download<int32_t>());
+  EXPECT_EQ(got.num_active.Download<int32_t>(), want.num_active.Download<int32_t>());
+  EXPECT_EQ(got.error.Download<int32_t>(), want.error.Download<int32_t>());
+  const auto st = got.slot_token.Download<int32_t>();
+  const auto ts = got.token_slot.Download<int64_t>();
+  std::vector<int> used(tokens * top_k, 0);
+  for (int i = 0; i < tokens * top_k; ++i) {
+    const int e = choices[i];
+    ASSERT_TRUE(e >= 0 && e < experts) << e;
+    const int64_t slot = ts[i];
+    ASSERT_TRUE(slot >= o[e] && slot < o[e + 1]) << "choice " << i << " slot " << slot;
+    ++used[slot];
+    EXPECT_EQ(st[slot], i / top_k) << "slot " << slot;
+  }
+  for (int s = 0; s < tokens * top_k; ++s) EXPECT_EQ(used[s], 1) << "slot " << s;
 }
 
 class MoeRouterTest : public ::testing::Test {
@@ -110,14 +133,18 @@ class MoeRouterTest : public ::testing::Test {
     p.bias = use_bias ? dbias.get<float>() : nullptr;
     p.experts = dexperts.get<int32_t>();
     p.weights = dweights.get<float>();
-    testing::MoeAlignBuffers align = OneTokenAlignment(rc.experts, rc.top_k);
-    if (tokens == 1) p.align = align.params.out;
+    // Up to kMoeRouterAlignMaxTokens tokens the router also aligns its choices.
+    testing::MoeAlignBuffers align(std::vector<int32_t>(tokens * rc.top_k, 0), tokens, rc.top_k,
+                                   rc.experts);
+    const bool aligns = tokens <= kMoeRouterAlignMaxTokens;
+    if (aligns) p.align = align.params.out;
     const absl::Status st = LaunchMoeRouter(p, nullptr);
     ASSERT_TRUE(st.ok()) << st;
     ASSERT_CUDA_OK(cudaDeviceSynchronize());
     const auto got_e = dexperts.Download<int32_t>();
     const auto got_w = dweights.Download<float>();
     if (tokens == 1) CheckAlignment(align, got_e, rc.experts, rc.top_k);
+    if (tokens > 1 && aligns) CheckBlockAlignment(align, got_e, tokens, rc.experts, rc.top_k);
 
     int64_t expert_mismatch = 0, weight_bad = 0;
     double max_rel = 0;
@@ -196,38 +223,42 @@ const RouterCase kSoftmaxV3 = {"v3-softmax-nonorm",
 
 TEST_F(MoeRouterTest, MatchesCpuRouter) {
   for (const RouterCase& rc : {kV3, kV2, kV2Lite, kOdd, kSoftmaxV3}) {
-    for (int tokens : {1, 33, 2000}) RunCase(rc, tokens);
+    for (int tokens : {1, 2, 5, 16, 33, 2000}) RunCase(rc, tokens);
   }
 }
 
-// NaN logits leave no candidate: the one-token alignment drops every choice and flags it, as
-// LaunchMoeAlign does for out-of-range experts.
-TEST_F(MoeRouterTest, OneTokenAlignFlagsNanLogits) {
+// NaN logits leave no candidate: the alignment drops every choice and flags it, as LaunchMoeAlign
+// does for out-of-range experts (one token: the warp's alignment; four: the block's).
+TEST_F(MoeRouterTest, AlignFlagsNanLogits) {
   constexpr int kExperts = 64, kTopK = 6;
-  DeviceBuffer logits(std::vector<float>(kExperts, std::nanf(""))), experts(kTopK * 4),
-      weights(kTopK * 4);
-  testing::MoeAlignBuffers align = OneTokenAlignment(kExperts, kTopK);
-  MoeRouterParams p;
-  p.num_tokens = 1;
-  p.num_experts = kExperts;
-  p.top_k = kTopK;
-  p.scoring = MoeScoring::kSoftmax;
-  p.topk_method = MoeTopkMethod::kGreedy;
-  p.normalize = false;
-  p.logits = logits.get<float>();
-  p.ld_logits = kExperts;
-  p.experts = experts.get<int32_t>();
-  p.weights = weights.get<float>();
-  p.align = align.params.out;
-  const absl::Status st = LaunchMoeRouter(p, nullptr);
-  ASSERT_TRUE(st.ok()) << st;
-  ASSERT_CUDA_OK(cudaDeviceSynchronize());
-  EXPECT_EQ(align.error.Download<int32_t>()[0], 1);
-  EXPECT_EQ(align.num_active.Download<int32_t>()[0], 0);
-  for (int64_t slot : align.token_slot.Download<int64_t>()) EXPECT_EQ(slot, -1);
-  for (int32_t a : align.active.Download<int32_t>()) EXPECT_EQ(a, -1);
-  for (int32_t c : align.count.Download<int32_t>()) EXPECT_EQ(c, 0);
-  for (float w : weights.Download<float>()) EXPECT_EQ(w, 0.f);
+  for (int tokens : {1, 4}) {
+    SCOPED_TRACE(::testing::Message() << "tokens=" << tokens);
+    DeviceBuffer logits(std::vector<float>(tokens * kExperts, std::nanf(""))),
+        experts(tokens * kTopK * 4), weights(tokens * kTopK * 4);
+    testing::MoeAlignBuffers align(std::vector<int32_t>(tokens * kTopK, 0), tokens, kTopK,
+                                   kExperts);
+    MoeRouterParams p;
+    p.num_tokens = tokens;
+    p.num_experts = kExperts;
+    p.top_k = kTopK;
+    p.scoring = MoeScoring::kSoftmax;
+    p.topk_method = MoeTopkMethod::kGreedy;
+    p.normalize = false;
+    p.logits = logits.get<float>();
+    p.ld_logits = kExperts;
+    p.experts = experts.get<int32_t>();
+    p.weights = weights.get<float>();
+    p.align = align.params.out;
+    const absl::Status st = LaunchMoeRouter(p, nullptr);
+    ASSERT_TRUE(st.ok()) << st;
+    ASSERT_CUDA_OK(cudaDeviceSynchronize());
+    EXPECT_EQ(align.error.Download<int32_t>()[0], 1);
+    EXPECT_EQ(align.num_active.Download<int32_t>()[0], 0);
+    for (int64_t slot : align.token_slot.Download<int64_t>()) EXPECT_EQ(slot, -1);
+    for (int32_t a : align.active.Download<int32_t>()) EXPECT_EQ(a, -1);
+    for (int32_t c : align.count.Download<int32_t>()) EXPECT_EQ(c, 0);
+    for (float w : weights.Download<float>()) EXPECT_EQ(w, 0.f);
+  }
 }
 
 }  // namespace

@@ -276,7 +276,7 @@ TEST(SmallKernelsParamsTest, MoeRouter) {
   EXPECT_FALSE(ValidateMoeRouterParams(p).ok());
 }
 
-TEST(SmallKernelsParamsTest, MoeRouterAlignIsOneTokenAndComplete) {
+TEST(SmallKernelsParamsTest, MoeRouterAlignIsFewTokensAndComplete) {
   MoeRouterParams p = ValidRouter();
   p.align = {.expert_count = Fake<int32_t>(),
              .expert_offset = Fake<int32_t>(),
@@ -286,7 +286,9 @@ TEST(SmallKernelsParamsTest, MoeRouterAlignIsOneTokenAndComplete) {
              .token_slot = Fake<int64_t>(),
              .error = Fake<int32_t>()};
   EXPECT_TRUE(ValidateMoeRouterParams(p).ok());
-  p.num_tokens = 2;
+  p.num_tokens = kMoeRouterAlignMaxTokens;  // one block of a warp per token
+  EXPECT_TRUE(ValidateMoeRouterParams(p).ok());
+  p.num_tokens = kMoeRouterAlignMaxTokens + 1;
   EXPECT_FALSE(ValidateMoeRouterParams(p).ok());
   p.num_tokens = 1;
   p.align.error = nullptr;  // some outputs but not all

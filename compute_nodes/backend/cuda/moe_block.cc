@@ -145,9 +145,9 @@ absl::StatusOr<kernels::RmsNormMoeSum> MoeBlock::Forward(int64_t layer, const De
   }
   if (norm != nullptr) RETURN_IF_ERROR(shared_experts());
   const Path path = PathFor(n);
-  // One token: the router's warp aligns its own choices (no alignment launch on the critical
-  // path of a batch-1 step).
-  const bool router_aligns = path == Path::kDevice && n == 1;
+  // Up to 16 tokens the router aligns its own choices (its warp for one token, its block for
+  // more): no alignment launch on the critical path of a few-row step.
+  const bool router_aligns = path == Path::kDevice && n <= kernels::kMoeRouterAlignMaxTokens;
   {
     kernels::MoeRouterParams p;
     p.num_tokens = static_cast<int>(n);
