@@ -1,6 +1,7 @@
 // MoE router: one warp per token, scores and choices in shared memory; top-k by k rounds of a warp
 // arg-max (value descending, index ascending on ties), as cpu::RouteToken's partial sort orders;
-// for one token optionally its alignment (MoeAlignment) from the same warp.
+// with the alignment (MoeAlignment) for one token from the same warp, for up to
+// kMoeRouterAlignMaxTokens from the block that routed them all.
 #include <cmath>
 #include <string>
 
@@ -60,8 +61,8 @@ __device__ void AlignOneToken(const MoeAlignment& a, int num_experts, int top_k,
   }
 }
 
-// Routes `token` by one warp (score and choice: num_experts floats of shared memory each); lane
-// k < top_k returns choice k's expert.
+// Routes `token` by one warp (score and choice: num_experts floats of shared memory each) and
+// writes its experts and weights; lane k < top_k returns choice k's expert.
 __device__ int RouteToken(const MoeRouterParams& p, int64_t token, int lane, float* score,
                           float* choice) {
   const float* logits = p.logits + token * p.ld_logits;
