@@ -107,6 +107,7 @@ absl::Status ValidateMlaDecodeParams(const MlaDecodeParams& p) {
   if (p.num_splits < 1 || p.num_splits > kMlaMaxSplits) {
     return Invalid("num_splits must be in [1, " + std::to_string(kMlaMaxSplits) + "]");
   }
+  if (p.fresh_rows < 0) return Invalid("fresh_rows must not be negative");
   if (!std::isfinite(p.softmax_scale) || p.softmax_scale <= 0.f) {
     return Invalid("softmax_scale must be finite and positive");
   }

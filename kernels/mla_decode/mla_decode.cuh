@@ -105,7 +105,10 @@ __device__ __forceinline__ void DequantizeTile(const uint8_t* raw, __nv_bfloat16
 template <int kMTiles, bool kFp8>
 __global__ void __launch_bounds__(kThreads, (Layout<kMTiles, kFp8>::kBlocksPerSm))
     MlaDecodeSplitKvKernel(MlaDecodeParams p) {
-  PdlGridSync();
+  // With fresh_rows, the pages of rows that were complete before the kernel ahead started load
+  // before the wait (they join the first cp.async group, with Q).
+  const bool early = p.fresh_rows > 0;
+  if (!early) PdlGridSync();
   using L = Layout<kMTiles, kFp8>;
   constexpr int kHeads = L::kHeads;
   constexpr int kStages = L::kStages;
@@ -132,12 +135,6 @@ __global__ void __launch_bounds__(kThreads, (Layout<kMTiles, kFp8>::kBlocksPerSm
   const int tile_end = min(num_tiles, tile_begin + per_split);
   const int n = tile_end - tile_begin;
 
-  // Q for this block's heads; joins the first KV group.
-  const __nv_bfloat16* q = p.q + (static_cast<size_t>(b) * h_q + head0) * kMlaQkHeadDim;
-  for (int i = tid; i < kHeads * kChunksPerRow; i += kThreads) {
-    const int r = i / kChunksPerRow, c = i % kChunksPerRow;
-    CpAsync16(sq + r * kRowStride + c * 8, q + r * kMlaQkHeadDim + c * 8, true);
-  }
   const int32_t* table = p.block_table + static_cast<size_t>(b) * p.max_pages_per_seq;
   auto load_tile = [&](int tile, int stage) {
     const int token0 = tile * kTileTokens;
@@ -182,9 +179,26 @@ __global__ void __launch_bounds__(kThreads, (Layout<kMTiles, kFp8>::kBlocksPerSm
       CpAsync16(dst + r * kRowStride + c * 8, valid ? src + r * kMlaQkHeadDim + c * 8 : src, valid);
     }
   };
+  // Whether tile `s` of the prologue loads before the wait: every row of it is settled.
+  const auto settled = [&](int s) {
+    return early && s < n && (tile_begin + s + 1) * kTileTokens <= seqlen - p.fresh_rows;
+  };
+  if (early) {
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) {
+      if (settled(s)) load_tile(tile_begin + s, s);
+    }
+    PdlGridSync();
+  }
+  // Q for this block's heads; joins the first KV group.
+  const __nv_bfloat16* q = p.q + (static_cast<size_t>(b) * h_q + head0) * kMlaQkHeadDim;
+  for (int i = tid; i < kHeads * kChunksPerRow; i += kThreads) {
+    const int r = i / kChunksPerRow, c = i % kChunksPerRow;
+    CpAsync16(sq + r * kRowStride + c * 8, q + r * kMlaQkHeadDim + c * 8, true);
+  }
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) {
-    if (s < n) load_tile(tile_begin + s, s);
+    if (s < n && !settled(s)) load_tile(tile_begin + s, s);
     CpAsyncCommit();
   }
   for (int i = tid; i < kHeads; i += kThreads) {

@@ -80,6 +80,13 @@ struct MlaDecodeParams {
   // Split-KV partials (only when num_splits > 1), see MlaDecodeWorkspaceBytes:
   float* o_accum = nullptr;    // [batch][num_splits][num_heads_q][512]
   float* lse_accum = nullptr;  // [batch][num_splits][num_heads_q]
+  // Rows that may still be being written when the kernel starts: 0 (the default) reads nothing
+  // before the programmatic-launch wait. n > 0 promises that for every sequence the rows below
+  // seqlens[b] - n, the block table and seqlens were complete before the kernel launched ahead of
+  // this one started (a decode step whose newest rows are written by the kernels just ahead): the
+  // mma.sync kernel then loads those pages while the kernels ahead finish. The Hopper kernels
+  // ignore it.
+  int fresh_rows = 0;
   // With num_splits > 1: run the split kernel only and leave its partials in o_accum / lse_accum
   // (out and lse are not written), for LaunchMlaCombineProject (combine_project.h) to merge.
   bool skip_combine = false;

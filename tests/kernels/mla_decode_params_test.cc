@@ -54,6 +54,8 @@ TEST(MlaDecodeParamsTest, RejectsBadArguments) {
     p.out = reinterpret_cast<__nv_bfloat16*>(reinterpret_cast<char*>(p.out) + 2);
   }));
   EXPECT_TRUE(rejects([](MlaDecodeParams& p) { p.max_pages_per_seq = 0; }));
+  EXPECT_TRUE(rejects([](MlaDecodeParams& p) { p.fresh_rows = -1; }));
+  EXPECT_FALSE(rejects([](MlaDecodeParams& p) { p.fresh_rows = 1; }));
 }
 
 TEST(MlaDecodeParamsTest, TransposedKernelRefusesOtherHeadCounts) {

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common/block_format.h"
+#include "kernels/moe_experts/moe_experts.h"
 #include "tests/kernels/gpu_test_util.h"
 #include "tests/kernels/mla_decode_reference.h"
 
@@ -41,6 +42,42 @@ struct Case {
   // sequence.
   std::vector<int> loud_tokens = {};
   float loud_scale = 8.f;
+  // The newest row of every sequence (all of the same length mod 64, none empty, bf16) is written
+  // by a long GEMM launched just ahead of the attention, which runs with fresh_rows = 1 and
+  // programmatic launch: it must load that row only after its wait (poisoned until written).
+  bool fresh_ahead = false;
+};
+
+// The kernel ahead for fresh_ahead: a skinny GEMM over ~75 MB of weights (tens of µs, 36 CTAs,
+// so the attention's blocks start beside it) whose output row t lands on sequence t's newest row
+// (every such row at one stride: the last pages consecutive, the same offset in each).
+class FreshRowsAhead {
+ public:
+  static constexpr int kK = 65536;
+  FreshRowsAhead(int rows, uint32_t seed)
+      : rows_(rows), w_(size_t{kD} * kK * 2), x_(static_cast<size_t>(rows) * kK * 2) {
+    (void)cudaMemset(w_.get(), 0x3c, size_t{kD} * kK * 2);  // bf16 0x3c3c, ~0.0115
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> normal(0.f, 0.3f);
+    std::vector<uint16_t> x(static_cast<size_t>(rows) * kK);
+    for (uint16_t& v : x) v = ToBf16(normal(rng));
+    (void)cudaMemcpy(x_.get(), x.data(), x.size() * 2, cudaMemcpyHostToDevice);
+  }
+  absl::Status Launch(__nv_bfloat16* first_row, cudaStream_t stream) {
+    SkinnyGemmParams g;
+    g.tokens = rows_;
+    g.n_out = kD;
+    g.k = kK;
+    g.x = x_.get<__nv_bfloat16>();
+    g.w = w_.get<__nv_bfloat16>();
+    g.out = first_row;
+    g.ld_out = int64_t{kPage} * kD;
+    return LaunchSkinnyGemm(g, stream);
+  }
+
+ private:
+  int rows_;
+  testing::DeviceBuffer w_, x_;
 };
 
 void RunCase(const Case& c, uint32_t seed) {
@@ -64,8 +101,12 @@ void RunCase(const Case& c, uint32_t seed) {
   std::vector<float> q(static_cast<size_t>(batch) * h_q * kD);
   for (float& x : q) x = FromBf16(ToBf16(normal(rng)));
   std::vector<float> kv(static_cast<size_t>(num_pages) * kPage * kD, nan);
-  std::vector<int32_t> perm(num_pages);
-  std::iota(perm.begin(), perm.end(), 0);
+  // fresh_ahead: sequence b's last page is first_last + b; the other pages in random order.
+  const int first_last = total_pages - batch;
+  std::vector<int32_t> perm;
+  for (int page = 0; page < num_pages; ++page) {
+    if (!c.fresh_ahead || page < first_last || page >= total_pages) perm.push_back(page);
+  }
   std::shuffle(perm.begin(), perm.end(), rng);
   std::vector<int32_t> table(static_cast<size_t>(batch) * max_pages, 0);
   // fp8 pages (the block format's fp8 layer layout), NaN wherever no token was written.
@@ -74,7 +115,8 @@ void RunCase(const Case& c, uint32_t seed) {
   for (int b = 0; b < batch; ++b) {
     const int len = c.seqlens[b];
     for (int i = 0; i * kPage < len; ++i) {
-      const int page = perm[next++];
+      const bool last = (i + 1) * kPage >= len;
+      const int page = c.fresh_ahead && last ? first_last + b : perm[next++];
       table[static_cast<size_t>(b) * max_pages + i] = page;
       for (int t = 0; t < kPage && i * kPage + t < len; ++t) {
         float* row = kv.data() + (static_cast<size_t>(page) * kPage + t) * kD;
@@ -116,6 +158,17 @@ void RunCase(const Case& c, uint32_t seed) {
   std::vector<uint16_t> q16(q.size()), kv16(kv.size());
   for (size_t i = 0; i < q.size(); ++i) q16[i] = ToBf16(q[i]);
   for (size_t i = 0; i < kv.size(); ++i) kv16[i] = ToBf16(kv[i]);
+  // fresh_ahead: where the newest rows are (NaN until the GEMM ahead writes them).
+  const size_t fresh_row0 =
+      c.fresh_ahead ? (static_cast<size_t>(first_last) * kPage + (c.seqlens[0] - 1) % kPage) * kD
+                    : 0;
+  if (c.fresh_ahead) {
+    for (int b = 0; b < batch; ++b) {
+      ASSERT_TRUE(c.seqlens[b] > 0 && (c.seqlens[b] - c.seqlens[0]) % kPage == 0 && !c.fp8);
+      std::fill_n(kv16.begin() + fresh_row0 + size_t{kPage} * kD * b, kD, uint16_t{0x7fc1});
+    }
+    p.fresh_rows = 1;
+  }
   // Runs the kernel on the bf16 cache or on the fp8 pages; fills out16 and lse.
   const size_t out_elems = static_cast<size_t>(batch) * h_q * kV;
   std::vector<uint16_t> out16(out_elems);
@@ -152,8 +205,26 @@ void RunCase(const Case& c, uint32_t seed) {
     p.out = static_cast<__nv_bfloat16*>(dout);
     p.lse = static_cast<float*>(dlse);
     MlaDecodeSetWorkspace(p, dws);
-    const absl::Status st = LaunchMlaDecode(p, nullptr);
-    ASSERT_TRUE(st.ok()) << st;
+    if (c.fresh_ahead) {
+      FreshRowsAhead ahead(batch, seed);
+      cudaStream_t stream;
+      ASSERT_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+      absl::Status st = ahead.Launch(static_cast<__nv_bfloat16*>(dkv) + fresh_row0, stream);
+      if (st.ok()) st = LaunchMlaDecode(p, stream);
+      ASSERT_CUDA(cudaStreamSynchronize(stream));
+      ASSERT_CUDA(cudaStreamDestroy(stream));
+      ASSERT_TRUE(st.ok()) << st;
+      // The reference takes the rows the GEMM wrote.
+      for (int b = 0; b < batch; ++b) {
+        const size_t at = fresh_row0 + size_t{kPage} * kD * b;
+        ASSERT_CUDA(cudaMemcpy(kv16.data() + at, static_cast<const uint16_t*>(dkv) + at, kD * 2,
+                               cudaMemcpyDeviceToHost));
+        for (int d = 0; d < kD; ++d) kv[at + d] = FromBf16(kv16[at + d]);
+      }
+    } else {
+      const absl::Status st = LaunchMlaDecode(p, nullptr);
+      ASSERT_TRUE(st.ok()) << st;
+    }
     ASSERT_CUDA(cudaDeviceSynchronize());
     ASSERT_CUDA(cudaMemcpy(out16.data(), dout, out_elems * 2, cudaMemcpyDeviceToHost));
     ASSERT_CUDA(cudaMemcpy(lse.data(), dlse, lse.size() * 4, cudaMemcpyDeviceToHost));
@@ -359,6 +430,32 @@ TEST_F(MlaDecodeTest, FewRowCallsTakeTheMmaSyncKernel) {
   RunCase({16, {1025}, 0, false, MlaDecodeImpl::kAuto}, Seed());
   RunCase({16, {1, 1025, 1040, 700}, 0, false, MlaDecodeImpl::kAuto}, Seed());
   RunCase({16, {4096}, 0, false, MlaDecodeImpl::kAuto}, Seed());
+}
+
+// A decode step's newest rows, written by the kernel just ahead of the attention (fresh_rows = 1):
+// the mma.sync kernel loads every older tile before its programmatic-launch wait and the newest
+// row's tile after it, and must see the written row (at the start, middle or end of a tile;
+// splits of one tile and of several; 2 to 4 prologue stages). The Hopper kernels ignore fresh_rows.
+TEST_F(MlaDecodeTest, FreshRowsWrittenByTheKernelAheadAreReadAfterItsWait) {
+  for (int h_q : {16, 64, 128}) {
+    for (const std::vector<int>& lens :
+         {std::vector<int>{1025}, {1, 65, 1025, 129}, {41, 105, 1001, 553}, {64, 128, 1024, 192}}) {
+      for (int splits : {0, 1, 5}) {
+        Case c{h_q, lens, splits, false, MlaDecodeImpl::kMmaSync};
+        c.fresh_ahead = true;
+        RunCase(c, Seed());
+      }
+    }
+  }
+  if (!MlaDecodeSm90Applies(MlaKvDtype::kBf16)) GTEST_SKIP() << "the Hopper kernels not run";
+  const std::pair<int, MlaDecodeImpl> hopper[] = {{16, MlaDecodeImpl::kSm90Transposed},
+                                                  {64, MlaDecodeImpl::kSm90},
+                                                  {128, MlaDecodeImpl::kSm90Seesaw}};
+  for (const auto& [h_q, impl] : hopper) {
+    Case c{h_q, {1, 65, 1025, 129}, 0, false, impl};
+    c.fresh_ahead = true;
+    RunCase(c, Seed());
+  }
 }
 
 }  // namespace

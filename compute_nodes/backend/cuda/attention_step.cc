@@ -218,6 +218,9 @@ absl::Status CudaEngine::Impl::AbsorbedAttention(const DeviceLayer& L, const Ste
   p.kv_cache = pool.layer_base(layer);
   p.block_table = meta.At<int32_t>(P.o_dtab);
   p.seqlens = meta.At<int32_t>(P.o_dlen);
+  // A decode-only step's one new row per sequence is written by the latent-rows kernel, just ahead
+  // (beside q·W_UK or before it); every older row, the table and the lengths were complete earlier.
+  p.fresh_rows = P.all_decode ? 1 : 0;
   p.out = olat.as<bf16>();
   p.lse = dlse.as<float>();
   if (P.num_splits > 1) kernels::MlaDecodeSetWorkspace(p, dws.as<void>());
