@@ -84,8 +84,8 @@ struct MlaDecodeParams {
   // before the programmatic-launch wait. n > 0 promises that for every sequence the rows below
   // seqlens[b] - n, the block table and seqlens were complete before the kernel launched ahead of
   // this one started (a decode step whose newest rows are written by the kernels just ahead): the
-  // mma.sync kernel then loads those pages while the kernels ahead finish. The Hopper kernels
-  // ignore it.
+  // mma.sync and kSm90 kernels then load the first such pages while the kernels ahead finish.
+  // The transposed and seesaw kernels ignore it.
   int fresh_rows = 0;
   // With num_splits > 1: run the split kernel only and leave its partials in o_accum / lse_accum
   // (out and lse are not written), for LaunchMlaCombineProject (combine_project.h) to merge.

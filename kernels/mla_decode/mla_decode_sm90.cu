@@ -8,7 +8,8 @@
 // the block still computes 64 rows, on whatever Q rows follow (TMA zero-fills past the end), and
 // stores only its heads: the tensor work is not the bound of those shapes, the KV bytes are.
 //  - The producer loads Q once, then each tile's page as 9 boxes of 64 tokens x 64 dims, by TMA
-//    with the 128-byte swizzle, into a 2-stage ring (full/empty mbarriers).
+//    with the 128-byte swizzle, into a 2-stage ring (full/empty mbarriers); with fresh_rows, the
+//    ring's first pages of settled rows before its programmatic-launch wait.
 //  - Consumer warpgroup g computes the partial S = Q K^T over dims [288g, 288g + 288) for the
 //    whole tile (wgmma m64n64k16, both operands from shared memory); the two swap the partials of
 //    each other's 32 token columns through shared memory, so warpgroup g holds the S of tokens
@@ -40,7 +41,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     MlaDecodeSm90Kernel(const __grid_constant__ MlaDecodeParams p,
                         const __grid_constant__ CUtensorMap q_map,
                         const __grid_constant__ CUtensorMap kv_map) {
-  PdlGridSync();
+  // With fresh_rows the producer warp waits itself, after issuing the pages of settled rows
+  // (LoadQAndTiles), and the consumers after setting up; until then only the lengths and the
+  // block table are read, which that promises complete.
+  const bool early = p.fresh_rows > 0;
+  if (!early) PdlGridSync();
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = AlignedSmem(smem_raw);
   uint8_t* sq = smem + kQOffset;
@@ -61,6 +66,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     ProducerWarpgroup(p, &q_map, &kv_map, sq, skv, q_full, full, empty, b, head0, tiles);
     return;
   }
+
+  if (early) PdlGridSync();
 
   // Consumers. Warpgroup wg, warp wl in it: this thread's rows (heads) are row0 and row0 + 8,
   // its columns 2 (lane % 4) + {0, 1} of every 8-wide group (the wgmma accumulator layout).

@@ -9,6 +9,7 @@
 
 #include <cuda.h>
 
+#include "kernels/common/pdl.cuh"
 #include "kernels/common/sm90_ptx.cuh"
 #include "kernels/common/tensor_map.h"
 #include "kernels/mla_decode/mla_decode.h"
@@ -115,14 +116,16 @@ __device__ __forceinline__ void ForEachPage(const int32_t* table, int first, int
 }
 
 // The producer warp: Q once, then the split's tiles (one page each, 9 boxes of 64 tokens x 64
-// dims) into stage i % 2, each after the consumers released that stage.
+// dims) into stage i % 2, each after the consumers released that stage. With fresh_rows (the
+// kernel's wait left to this warp, see MlaDecodeSm90Kernel), the first tiles whose rows were all
+// complete before the kernel ahead started load before the programmatic-launch wait, up to the
+// ring's size; Q (that kernel's output) and the rest after it.
 __device__ __forceinline__ void LoadQAndTiles(const MlaDecodeParams& p, const CUtensorMap* q_map,
                                               const CUtensorMap* kv_map, uint8_t* sq, uint8_t* skv,
                                               uint64_t* q_full, uint64_t* full, uint64_t* empty,
-                                              int b, int head0, int tile_begin, int n, int lane) {
+                                              int b, int head0, const SplitTiles& tiles, int lane) {
   const int32_t* table = p.block_table + static_cast<size_t>(b) * p.max_pages_per_seq;
-  if (lane == 0) LoadQ(q_map, kv_map, sq, kBoxBytes, b * p.num_heads_q + head0, q_full);
-  ForEachPage(table, tile_begin, n, lane, [&](int i, int page) {
+  const auto load_tile = [&](int i, int page) {
     const int stage = i % kStages;
     if (i >= kStages) MbarWait(&empty[stage], (i / kStages - 1) & 1);
     MbarArriveExpectTx(&full[stage], kMatBytes);
@@ -130,7 +133,19 @@ __device__ __forceinline__ void LoadQAndTiles(const MlaDecodeParams& p, const CU
     for (int box = 0; box < kBoxes; ++box) {
       TmaLoad2d(dst + box * kBoxBytes, kv_map, box * kBoxCols, page * kTile, &full[stage]);
     }
-  });
+  };
+  int early = 0;
+  if (p.fresh_rows > 0) {
+    const int settled = max(0, tiles.seqlen - p.fresh_rows) / kTile - tiles.tile_begin;
+    early = max(0, min(min(settled, tiles.n), kStages));
+    if (lane == 0) {
+      for (int i = 0; i < early; ++i) load_tile(i, table[tiles.tile_begin + i]);
+    }
+    PdlGridSync();
+  }
+  if (lane == 0) LoadQ(q_map, kv_map, sq, kBoxBytes, b * p.num_heads_q + head0, q_full);
+  ForEachPage(table, tiles.tile_begin + early, tiles.n - early, lane,
+              [&](int i, int page) { load_tile(early + i, page); });
 }
 
 // The producer warpgroup of either kernel (threads kConsumerThreads..): hands its registers to
@@ -143,8 +158,7 @@ __device__ __forceinline__ void ProducerWarpgroup(const MlaDecodeParams& p,
                                                   const SplitTiles& tiles) {
   asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
   if (tiles.n == 0 || threadIdx.x / 32 != kConsumerThreads / 32) return;
-  LoadQAndTiles(p, q_map, kv_map, sq, skv, q_full, full, empty, b, head0, tiles.tile_begin, tiles.n,
-                threadIdx.x % 32);
+  LoadQAndTiles(p, q_map, kv_map, sq, skv, q_full, full, empty, b, head0, tiles, threadIdx.x % 32);
 }
 
 // Zeroes the V rows past the sequence of one half of a tile's latent dims (boxes 4 half ..

@@ -436,25 +436,32 @@ TEST_F(MlaDecodeTest, FewRowCallsTakeTheMmaSyncKernel) {
 }
 
 // A decode step's newest rows, written by the kernel just ahead of the attention (fresh_rows = 1):
-// the mma.sync kernel loads every older tile before its programmatic-launch wait and the newest
-// row's tile after it, and must see the written row (at the start, middle or end of a tile;
-// splits of one tile and of several; 2 to 4 prologue stages). The Hopper kernels ignore fresh_rows.
+// the mma.sync and kSm90 kernels load the first tiles of older rows before their programmatic-
+// launch wait and the newest row's tile after it, and must see the written row (at the start,
+// middle or end of a tile; splits of one tile and of several; every prologue depth). The
+// transposed and seesaw kernels ignore fresh_rows.
 TEST_F(MlaDecodeTest, FreshRowsWrittenByTheKernelAheadAreReadAfterItsWait) {
-  for (int h_q : {16, 64, 128}) {
+  const bool hopper = MlaDecodeSm90Applies(MlaKvDtype::kBf16);
+  const std::pair<int, MlaDecodeImpl> early_loaders[] = {{16, MlaDecodeImpl::kMmaSync},
+                                                         {64, MlaDecodeImpl::kMmaSync},
+                                                         {128, MlaDecodeImpl::kMmaSync},
+                                                         {64, MlaDecodeImpl::kSm90},
+                                                         {128, MlaDecodeImpl::kSm90}};
+  for (const auto& [h_q, impl] : early_loaders) {
+    if (impl == MlaDecodeImpl::kSm90 && !hopper) continue;
     for (const std::vector<int>& lens :
          {std::vector<int>{1025}, {1, 65, 1025, 129}, {41, 105, 1001, 553}, {64, 128, 1024, 192}}) {
       for (int splits : {0, 1, 5}) {
-        Case c{h_q, lens, splits, false, MlaDecodeImpl::kMmaSync};
+        Case c{h_q, lens, splits, false, impl};
         c.fresh_ahead = true;
         RunCase(c, Seed());
       }
     }
   }
-  if (!MlaDecodeSm90Applies(MlaKvDtype::kBf16)) GTEST_SKIP() << "the Hopper kernels not run";
-  const std::pair<int, MlaDecodeImpl> hopper[] = {{16, MlaDecodeImpl::kSm90Transposed},
-                                                  {64, MlaDecodeImpl::kSm90},
+  if (!hopper) GTEST_SKIP() << "the Hopper kernels not run";
+  const std::pair<int, MlaDecodeImpl> others[] = {{16, MlaDecodeImpl::kSm90Transposed},
                                                   {128, MlaDecodeImpl::kSm90Seesaw}};
-  for (const auto& [h_q, impl] : hopper) {
+  for (const auto& [h_q, impl] : others) {
     Case c{h_q, {1, 65, 1025, 129}, 0, false, impl};
     c.fresh_ahead = true;
     RunCase(c, Seed());
