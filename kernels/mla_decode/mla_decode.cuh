@@ -17,6 +17,7 @@
 #include "common/cuda/cuda_status.h"
 #include "kernels/common/pdl.cuh"
 #include "kernels/common/sm80_ptx.cuh"
+#include "kernels/mla_decode/fresh_rows.cuh"
 #include "kernels/mla_decode/mla_decode.h"
 
 namespace strata::kernels::mla_detail {
@@ -180,9 +181,8 @@ __global__ void __launch_bounds__(kThreads, (Layout<kMTiles, kFp8>::kBlocksPerSm
     }
   };
   // Whether tile `s` of the prologue loads before the wait: every row of it is settled.
-  const auto settled = [&](int s) {
-    return early && s < n && (tile_begin + s + 1) * kTileTokens <= seqlen - p.fresh_rows;
-  };
+  const int settled_tiles = early ? MlaSettledTiles(p, seqlen, kTileTokens) : 0;
+  const auto settled = [&](int s) { return s < n && tile_begin + s < settled_tiles; };
   if (early) {
 #pragma unroll
     for (int s = 0; s < kStages - 1; ++s) {

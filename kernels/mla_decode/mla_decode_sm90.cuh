@@ -12,6 +12,7 @@
 #include "kernels/common/pdl.cuh"
 #include "kernels/common/sm90_ptx.cuh"
 #include "kernels/common/tensor_map.h"
+#include "kernels/mla_decode/fresh_rows.cuh"
 #include "kernels/mla_decode/mla_decode.h"
 
 namespace strata::kernels::mla_sm90 {
@@ -136,7 +137,7 @@ __device__ __forceinline__ void LoadQAndTiles(const MlaDecodeParams& p, const CU
   };
   int early = 0;
   if (p.fresh_rows > 0) {
-    const int settled = max(0, tiles.seqlen - p.fresh_rows) / kTile - tiles.tile_begin;
+    const int settled = MlaSettledTiles(p, tiles.seqlen, kTile) - tiles.tile_begin;
     early = max(0, min(min(settled, tiles.n), kStages));
     if (lane == 0) {
       for (int i = 0; i < early; ++i) load_tile(i, table[tiles.tile_begin + i]);
