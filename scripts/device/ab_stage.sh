@@ -23,7 +23,7 @@ for t in "$@"; do tests+=" $(basename "$t")"; done
 cat > "$dest/run.sh" <<RUN
 #!/bin/bash
 cd "\$(dirname "\$0")"
-source ./libpath.sh; stage_libpath strata --help > /dev/null || exit 3
+source ./libpath.sh; source ./clocks.sh; stage_libpath strata --help > /dev/null || exit 3
 pack() { (cd "\$OUT" && tar czf /tmp/ab.tgz . && find . -mindepth 1 -delete && mv /tmp/ab.tgz .); }
 trap pack EXIT
 summary() { awk '\$2=="greedy" {printf "b%s %s/%s r%s  ", \$1, \$3, \$4, \$9}' "\$1"; }
@@ -33,9 +33,11 @@ for r in \$(seq ${ROUNDS:-3}); do
     [ \$v = base ] && bin=./strata_base
     case \$v in base|new) ;; --*) flags=\$v ;; *) envs=\$v ;; esac
     log=\$OUT/dec_\${v//[^A-Za-z0-9_]/_}_\$r.log
+    clocks_start \$OUT/clocks.csv
     env \$envs timeout 90 \$bin bench decode --batch ${BATCHES:-1,4,16,64} --context ${CONTEXT:-1024} \\
       --steps 20 \$flags > \$log 2>&1
     echo "\$v r\$r: \$(summary \$log)"
+    clocks_stop
   done
 done
 for t in$tests; do

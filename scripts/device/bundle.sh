@@ -21,5 +21,5 @@ bundle_binaries() {
   # xz: 23.5 MB against gzip's 38.6 MB for strata's libraries (ICU data and OpenBLAS lead), room
   # for more binaries under the device tool's 64 MiB; ~30 s here on two cores.
   tar cf - -C "$dest" lib libcxx | xz -6 -T2 > "$dest/lib.txz" && rm -rf "$dest/lib" "$dest/libcxx"
-  cp "$(dirname "${BASH_SOURCE[0]}")/libpath.sh" "$dest/"
+  cp "$(dirname "${BASH_SOURCE[0]}")"/{libpath,clocks}.sh "$dest/"
 }

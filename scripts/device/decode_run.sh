@@ -11,6 +11,7 @@
 cd "$(dirname "$0")"
 start=$(date +%s)
 source ./libpath.sh
+source ./clocks.sh
 stage_libpath strata --help || exit 3
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw,memory.used --format=csv
 date -u
@@ -41,9 +42,11 @@ if [[ $steps == *bench* ]]; then
       *) flags="" ;;
     esac
     echo "=== bench $cfg: $flags"
+    clocks_start $OUT/clocks_$cfg.csv
     timeout $(( $(left) < 150 ? $(left) : 150 )) ./strata bench decode --json $OUT/bench_$cfg.json \
       ${BENCH_ARGS:---batch 1,16,64 --context 1024 --steps 20} $flags 2>&1 | tee $OUT/bench_$cfg.log
     echo "bench $cfg rc=${PIPESTATUS[0]} at $(( $(date +%s) - start )) s"
+    clocks_stop
   done
 fi
 if [[ $steps == *ncu* ]]; then

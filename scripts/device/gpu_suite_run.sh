@@ -15,6 +15,7 @@ pack() {
 trap pack EXIT
 trap 'pack; exit 143' TERM
 source ./libpath.sh
+source ./clocks.sh
 stage_libpath strata --help || exit 3
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem --format=csv,noheader; date -u
 
@@ -145,11 +146,13 @@ grep -E "registered .* shared host memory|copying blocks instead" $OUT/worker_ca
 kill $w2 $cpid 2>/dev/null; wait $w2 $cpid 2>/dev/null
 for f in gen_cpu gen_cuda gen_worker gen_worker_sampled1; do echo "== $f"; tail -3 $OUT/$f.txt 2>/dev/null; done
 # Then greedy steps beside a KV load of 64 blocks, zero copy and by the copy engine.
+clocks_start $OUT/clocks_decode.csv
 timeout $(upto 150) ./strata bench decode --json $OUT/bench_decode.json \
   --batch 1,16,64 --context 1024 --steps 20 --concurrent-loads 64 > $OUT/bench_decode.log 2>&1
 echo "bench decode rc=$? at $(( $(date +%s) - start )) s"
 grep -E "ratio|batch|logits|greedy|sampled|^ +[0-9]+ +[0-9.]+ +[0-9.]+ \(" $OUT/bench_decode.log |
   grep -v host | tail -14
+clocks_stop
 # Whole-model prefill MFU (v3-shape-4l, one 4K prompt) and the attention kernels against their
 # targets (FlashMLA ratios, prefill MFU).
 # The MoE layer through the grouped wgmma GEMMs (default), then through one cuBLAS GEMM pair per
@@ -163,11 +166,13 @@ for g in 1 0; do
 done
 # 20 calls per point: at h_q 128 a median of 10 moved by up to 15 % between runs on one H200
 # (kernels/mla_decode/NOTES.md, session 36).
+clocks_start $OUT/clocks_kernels.csv
 timeout $(upto 150) ./strata bench kernels --only mla_decode,prefill \
   --iters 20 --json $OUT/bench_kernels.json > $OUT/bench_kernels.log 2>&1
 echo "bench kernels rc=$? at $(( $(date +%s) - start )) s"
 grep -E "^ *(16|64|128) +[0-9]+ +[0-9]+ " $OUT/bench_kernels.log | head -12 | cut -c1-62
 grep -E "^v[23]" $OUT/bench_kernels.log | cut -c1-80; grep "flashmla_min" $OUT/bench_kernels.log
+clocks_stop
 # The MLA call of a few-row decode step (batch 1, the v2-lite and v3 head counts): every split
 # count and kernel by name, no FlashMLA figure (docs/decode-notes.md, the ablation).
 timeout $(upto 60) ./strata bench kernels --only mla_decode --mla-batch 1 \

@@ -6,6 +6,7 @@
 #   BENCH_ITERS=30
 cd "$(dirname "$0")"
 source ./libpath.sh
+source ./clocks.sh
 probe=$(ls kernels_*_test | head -1)
 stage_libpath "$probe" --gtest_list_tests || exit 3
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv
@@ -24,7 +25,9 @@ grep -E "^\[  (FAILED|SKIPPED) |Failure|error:" $OUT/tests.log | sort | uniq -c 
 grep -E "^\[  PASSED" $OUT/tests.log | sort | uniq -c
 if [ "${BENCH_ONLY:-all}" != none ] && [ -x ./strata ]; then
   only=${BENCH_ONLY:-mla_decode,prefill,kv_pages}
+  clocks_start $OUT/clocks.csv
   timeout 300 ./strata bench kernels --json $OUT/bench_kernels.json --iters ${BENCH_ITERS:-30} \
     --only $only 2>&1 | tee $OUT/bench.log
+  clocks_stop
 fi
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,temperature.gpu,power.draw --format=csv
