@@ -1,7 +1,7 @@
 # Sourced by the device run scripts (bundle_binaries stages it next to them): samples the GPU's
 # SM clock, power and clock-limit reasons every 200 ms while timed work runs, so that a figure
 # can be told apart from the machine it ran on (a compute-bound kernel runs as fast as the SM
-# clock; session 36's H200 ran the h_q 128 MLA call 4-7 % slower than an H100 did).
+# clock; session 36's H200 ran the h_q 128 MLA call 2-7 % slower than an H100 did).
 #   clocks_start FILE   start sampling into FILE (CSV); nothing happens without nvidia-smi
 #   clocks_stop         stop, and print one line: SM MHz min / median / max, the most power
 #                       drawn, and every clock-limit reason seen (nvidia-smi's bit mask)
