@@ -11,15 +11,18 @@ clocks_start() {
   : > "$CLOCKS_FILE"
   command -v nvidia-smi > /dev/null || return 0
   # Newer drivers name the reasons clocks_event_reasons; older ones clocks_throttle_reasons.
-  local fields=clocks.sm,power.draw
-  for r in clocks_event_reasons.active clocks_throttle_reasons.active; do
-    if nvidia-smi --query-gpu=$r --format=csv,noheader > /dev/null 2>&1; then
-      fields=$fields,$r
-      break
-    fi
-  done
-  nvidia-smi --query-gpu=$fields --format=csv,noheader,nounits -lms 200 >> "$CLOCKS_FILE" \
-    2> /dev/null &
+  # Asked once per run script, not before every timed run.
+  if [ -z "$CLOCKS_FIELDS" ]; then
+    CLOCKS_FIELDS=clocks.sm,power.draw
+    for r in clocks_event_reasons.active clocks_throttle_reasons.active; do
+      if nvidia-smi --query-gpu=$r --format=csv,noheader > /dev/null 2>&1; then
+        CLOCKS_FIELDS=$CLOCKS_FIELDS,$r
+        break
+      fi
+    done
+  fi
+  nvidia-smi --query-gpu=$CLOCKS_FIELDS --format=csv,noheader,nounits -lms 200 \
+    >> "$CLOCKS_FILE" 2> /dev/null &
   CLOCKS_PID=$!
 }
 
