@@ -14,6 +14,7 @@ clocks_start() {
   # Asked once per run script, not before every timed run.
   if [ -z "$CLOCKS_FIELDS" ]; then
     CLOCKS_FIELDS=clocks.sm,power.draw
+    local r  # the callers' round counters are often named r too
     for r in clocks_event_reasons.active clocks_throttle_reasons.active; do
       if nvidia-smi --query-gpu=$r --format=csv,noheader > /dev/null 2>&1; then
         CLOCKS_FIELDS=$CLOCKS_FIELDS,$r
