@@ -48,6 +48,7 @@ struct Args {
   bool cuda_graphs = true;
   bool fold_norms = true;
   bool rope_beside = true;
+  int64_t low_priority_side_rows = 1;
   int64_t moe_device_max_tokens = 256;
   int64_t concurrent_loads = 0;  // pages
 };
@@ -70,6 +71,7 @@ void Run(const Args& a) {
   options.cuda_graphs = a.cuda_graphs;
   options.fold_norms = a.fold_norms;
   options.rope_beside_query = a.rope_beside;
+  options.low_priority_side_rows = a.low_priority_side_rows;
   options.moe_device_max_tokens = a.moe_device_max_tokens;
   if (auto st = cuda::CudaAvailable(); !st.ok()) Fail(2, StrCat("bench decode: ", st.message()));
   const auto t0 = std::chrono::steady_clock::now();
@@ -108,6 +110,7 @@ void Run(const Args& a) {
   report["cuda_graphs"] = a.cuda_graphs;
   report["fold_norms"] = a.fold_norms;
   report["rope_beside"] = a.rope_beside;
+  report["low_priority_side_rows"] = a.low_priority_side_rows;
   report["moe_device_max_tokens"] = a.moe_device_max_tokens;
   report["hbm_bytes_per_second"] = kHbmBytesPerSecond;
   report["ratios"] = nlohmann::json::object();
@@ -251,6 +254,9 @@ void RegisterBenchDecodeCommand(CLI::App& app) {
   cmd->add_option("--rope-beside", a->rope_beside,
                   "Few-row steps: the RoPE-rows kernel runs beside q·W_UK (0: ahead of it)")
       ->default_val(true);
+  cmd->add_option("--low-priority-side-rows", a->low_priority_side_rows,
+                  "Steps of up to this many rows run the side stream below the main one (0: never)")
+      ->default_val(1);
   cmd->add_option("--moe-device-max-tokens", a->moe_device_max_tokens,
                   "Device-side MoE routing up to this many tokens (0: always via the host)")
       ->default_val(256);

@@ -19,7 +19,10 @@ absl::StatusOr<cudaGraphExec_t> CaptureGraph(cudaStream_t stream,
     return CudaStatus(ended, absl::StrCat("cudaStreamEndCapture (", what, ")").c_str());
   }
   cudaGraphExec_t exec = nullptr;
-  const cudaError_t made = cudaGraphInstantiate(&exec, graph, 0);
+  // Each kernel node keeps the priority of the stream it was captured from (CUDA copies it into
+  // the node); without this flag a replay would run every node at its launch stream's priority.
+  const cudaError_t made =
+      cudaGraphInstantiate(&exec, graph, cudaGraphInstantiateFlagUseNodePriority);
   (void)cudaGraphDestroy(graph);
   if (made != cudaSuccess) {
     return CudaStatus(made, absl::StrCat("cudaGraphInstantiate (", what, ")").c_str());

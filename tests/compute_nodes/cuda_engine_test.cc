@@ -464,45 +464,78 @@ TEST_P(CudaEngineTest, DecodeGraphAndMoePathsMatchEager) {
 // the q|kv_a projection, the router logits, the shared experts then reading the router logits'
 // xn) give bit-identically the logits of the same steps with norm kernels, graphed or not;
 // a two-row step in between (never folded) reads the residual stream the folded steps left.
+// So do the steps with the side stream at the main stream's priority (low_priority_side_rows 0).
 TEST_P(CudaEngineTest, FoldedNormsAreBitIdentical) {
+  struct Variant {
+    bool fold, graphs;
+    int64_t low_priority_side_rows;
+  };
   std::vector<std::vector<float>> first;  // folded, graphed
-  for (const bool fold : {true, false}) {
-    for (const bool graphs : {true, false}) {
-      cuda::CudaEngineOptions options;
-      options.fold_norms = fold;
-      options.cuda_graphs = graphs;
-      Engines e = Open(GetParam(), options);
-      ASSERT_NE(e.gpu, nullptr);
-      const std::vector<int32_t> a = Ids(48, 3), b = Ids(40, 4);
-      PageTable pa, pb;
-      ASSERT_TRUE(runtime::EnsureCapacity(e.gpu->kv_pool(), pa, 48).ok());
-      ASSERT_TRUE(runtime::EnsureCapacity(e.gpu->kv_pool(), pb, 48).ok());
-      ASSERT_TRUE(
-          Fwd(*e.gpu, {{std::span<const int32_t>(a).first(40), 0, &pa, false, AttentionForm::kMha},
-                       {std::span<const int32_t>(b).first(32), 0, &pb, false, AttentionForm::kMha}})
-              .ok());
-      std::vector<std::vector<float>> got;
-      for (int step = 0; step < 6; ++step) {
-        std::vector<SequenceInput> batch = {{std::span<const int32_t>(a).subspan(40 + step, 1),
-                                             40 + step, &pa, false, AttentionForm::kAbsorbed}};
-        if (step == 3) {
-          batch.push_back({std::span<const int32_t>(b).subspan(32, 1), 32, &pb, false,
-                           AttentionForm::kAbsorbed});
-        }
-        auto out = Fwd(*e.gpu, batch);
-        ASSERT_TRUE(out.ok()) << out.status();
-        for (auto& o : *out) got.push_back(o.logits);
+  for (const Variant v : {Variant{true, true, 1}, Variant{true, false, 1}, Variant{false, true, 1},
+                          Variant{false, false, 1}, Variant{true, true, 0}}) {
+    cuda::CudaEngineOptions options;
+    options.fold_norms = v.fold;
+    options.cuda_graphs = v.graphs;
+    options.low_priority_side_rows = v.low_priority_side_rows;
+    Engines e = Open(GetParam(), options);
+    ASSERT_NE(e.gpu, nullptr);
+    const std::vector<int32_t> a = Ids(48, 3), b = Ids(40, 4);
+    PageTable pa, pb;
+    ASSERT_TRUE(runtime::EnsureCapacity(e.gpu->kv_pool(), pa, 48).ok());
+    ASSERT_TRUE(runtime::EnsureCapacity(e.gpu->kv_pool(), pb, 48).ok());
+    ASSERT_TRUE(
+        Fwd(*e.gpu, {{std::span<const int32_t>(a).first(40), 0, &pa, false, AttentionForm::kMha},
+                     {std::span<const int32_t>(b).first(32), 0, &pb, false, AttentionForm::kMha}})
+            .ok());
+    std::vector<std::vector<float>> got;
+    for (int step = 0; step < 6; ++step) {
+      std::vector<SequenceInput> batch = {{std::span<const int32_t>(a).subspan(40 + step, 1),
+                                           40 + step, &pa, false, AttentionForm::kAbsorbed}};
+      if (step == 3) {
+        batch.push_back(
+            {std::span<const int32_t>(b).subspan(32, 1), 32, &pb, false, AttentionForm::kAbsorbed});
       }
-      if (first.empty()) {
-        first = std::move(got);
-        continue;
-      }
-      ASSERT_EQ(got.size(), first.size());
-      for (size_t r = 0; r < got.size(); ++r) {
-        EXPECT_EQ(got[r], first[r]) << "fold " << fold << ", graphs " << graphs << ", row " << r;
-      }
+      auto out = Fwd(*e.gpu, batch);
+      ASSERT_TRUE(out.ok()) << out.status();
+      for (auto& o : *out) got.push_back(o.logits);
+    }
+    if (first.empty()) {
+      first = std::move(got);
+      continue;
+    }
+    ASSERT_EQ(got.size(), first.size());
+    for (size_t r = 0; r < got.size(); ++r) {
+      EXPECT_EQ(got[r], first[r]) << "fold " << v.fold << ", graphs " << v.graphs
+                                  << ", low-priority side rows " << v.low_priority_side_rows
+                                  << ", row " << r;
     }
   }
+}
+
+// The side stream runs at the main stream's priority until BelowMain(true) drops it to the
+// device's lowest, and BelowMain(false) brings it back.
+TEST(SideStreamTest, BelowMainSetsThePriority) {
+  if (!HaveGpu()) GTEST_SKIP() << "no CUDA device";
+  int lowest = 0, highest = 0;
+  ASSERT_EQ(cudaDeviceGetStreamPriorityRange(&lowest, &highest), cudaSuccess);
+  ASSERT_LT(highest, lowest) << "the device has one stream priority";
+  cudaStream_t main = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithPriority(&main, cudaStreamNonBlocking, highest), cudaSuccess);
+  {
+    auto side = cuda::SideStream::Create(main, highest);
+    ASSERT_TRUE(side.ok()) << side.status();
+    const auto priority = [&] {
+      int p = 0;
+      EXPECT_EQ(cudaStreamGetPriority((*side)->stream(), &p), cudaSuccess);
+      return p;
+    };
+    EXPECT_EQ(priority(), highest);
+    ASSERT_TRUE((*side)->BelowMain(true).ok());
+    EXPECT_EQ(priority(), lowest);
+    ASSERT_TRUE((*side)->BelowMain(false).ok());
+    EXPECT_EQ(priority(), highest);
+  }
+  ASSERT_EQ(cudaStreamDestroy(main), cudaSuccess);
 }
 
 // Draws: when every sequence brings one its token is picked on the GPU and no logits come back;

@@ -141,14 +141,20 @@ absl::StatusOr<std::unique_ptr<CudaEngine>> CudaEngine::Create(
   CUDA_RETURN_IF_ERROR(cudaSetDevice(options.device));
   std::unique_ptr<CudaEngine> e(new CudaEngine());
   e->weights_ = std::move(weights);
-  CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&e->stream_, cudaStreamNonBlocking));
+  int main_priority = 0;  // the default, which is also the lowest
+  if (options.low_priority_side_rows > 0) {
+    int lowest = 0;
+    CUDA_RETURN_IF_ERROR(cudaDeviceGetStreamPriorityRange(&lowest, &main_priority));
+  }
+  CUDA_RETURN_IF_ERROR(
+      cudaStreamCreateWithPriority(&e->stream_, cudaStreamNonBlocking, main_priority));
   ASSIGN_OR_RETURN(e->blas_, Cublas::Create(e->stream_));
   ASSIGN_OR_RETURN(e->pool_,
                    DeviceKvPool::Create(runtime::KvLayout{c.num_hidden_layers, options.block_tokens,
                                                           c.kv_lora_rank, c.qk_rope_head_dim},
                                         options.num_pages,
                                         {.register_shared_regions = options.read_cache_in_place}));
-  ASSIGN_OR_RETURN(std::unique_ptr<SideStream> side, SideStream::Create(e->stream_));
+  ASSIGN_OR_RETURN(std::unique_ptr<SideStream> side, SideStream::Create(e->stream_, main_priority));
   e->impl_ = std::make_unique<Impl>(*e->weights_, *e->pool_, e->blas_, e->stream_, std::move(side),
                                     options);
   Impl& I = *e->impl_;
@@ -193,6 +199,7 @@ absl::Status CudaEngine::Forward(std::span<const SequenceInput> batch,
   }
   RETURN_IF_ERROR(I.Reserve(P));
   RETURN_IF_ERROR(I.meta.Upload(s));  // the graph reads the metadata from this fixed buffer
+  RETURN_IF_ERROR(I.side->BelowMain(P.n <= I.options.low_priority_side_rows));
   CUDA_RETURN_IF_ERROR(cudaEventRecord(I.ev_start, s));
   bool graphed = I.options.cuda_graphs && P.all_decode && I.moe.DevicePath(P.n);
   if (graphed) {

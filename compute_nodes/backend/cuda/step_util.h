@@ -113,12 +113,16 @@ class Meta {
 // A second stream, with its own cuBLAS handle (and workspace), for work that can run beside the
 // main stream's: Fork() makes it wait for everything enqueued on the main stream so far, Join()
 // makes the main stream wait for everything enqueued on it. Eager and under graph capture alike
-// (a capture follows the two events into parallel branches of one graph). Not thread-safe.
+// (a capture follows the two events into parallel branches of one graph). It runs at the main
+// stream's priority `main_priority`, or below it after BelowMain(true). Not thread-safe.
 class SideStream {
  public:
-  static absl::StatusOr<std::unique_ptr<SideStream>> Create(cudaStream_t main) {
+  static absl::StatusOr<std::unique_ptr<SideStream>> Create(cudaStream_t main,
+                                                            int main_priority = 0) {
     std::unique_ptr<SideStream> side(new SideStream(main));
-    CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&side->stream_, cudaStreamNonBlocking));
+    side->main_priority_ = main_priority;
+    CUDA_RETURN_IF_ERROR(
+        cudaStreamCreateWithPriority(&side->stream_, cudaStreamNonBlocking, main_priority));
     CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&side->fork_, cudaEventDisableTiming));
     CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&side->join_, cudaEventDisableTiming));
     ASSIGN_OR_RETURN(side->blas_, Cublas::Create(side->stream_));
@@ -143,12 +147,27 @@ class SideStream {
     CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(main_, join_, 0));
     return absl::OkStatus();
   }
+  // Work enqueued from now on runs at the device's lowest priority (`below`) or at the main
+  // stream's: when both streams' blocks wait for an SM, the scheduler then starts the main
+  // stream's first. A graph captured from the streams keeps what was set during its capture.
+  absl::Status BelowMain(bool below) {
+    if (below == below_) return absl::OkStatus();
+    int lowest = 0, highest = 0;
+    CUDA_RETURN_IF_ERROR(cudaDeviceGetStreamPriorityRange(&lowest, &highest));
+    cudaLaunchAttributeValue v{};
+    v.priority = below ? lowest : main_priority_;
+    CUDA_RETURN_IF_ERROR(cudaStreamSetAttribute(stream_, cudaLaunchAttributePriority, &v));
+    below_ = below;
+    return absl::OkStatus();
+  }
   cudaStream_t stream() const { return stream_; }
   const Cublas& blas() const { return blas_; }
 
  private:
   explicit SideStream(cudaStream_t main) : main_(main) {}
   cudaStream_t main_;
+  int main_priority_ = 0;
+  bool below_ = false;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t fork_ = nullptr, join_ = nullptr;
   Cublas blas_;
