@@ -6,8 +6,10 @@
 #   run(command="bash .devwork/ab/run.sh", carry=[".devwork/ab"])
 # Knobs (environment, read when staging): ROUNDS (3), BATCHES (1,4,16,64), CONTEXT (1024),
 # VARIANTS: extra runs of the new binary under environment switches or bench flags, e.g.
-# "X=1 --fold-norms=0" (each word one variant: NAME=VALUE, or a --flag=value of bench decode). Output: one summary line per run (greedy: wall/GPU ms and the
-# HBM-floor ratio per batch), the tests' pass lines; logs come back as $OUT/ab.tgz.
+# "X=1 --fold-norms=0" (each word one variant: NAME=VALUE, or a --flag=value of bench decode).
+# The new binary may have any name (it runs as ./strata). Output: one summary line per run
+# (greedy: wall/GPU ms, the HBM-floor ratio, the host's enqueue and the work after the graph per
+# batch), the tests' pass lines; logs come back as $OUT/ab.tgz.
 set -euo pipefail
 base=${1:?base strata}
 new=${2:?new strata}
@@ -17,6 +19,8 @@ dest=.devwork/ab
 rm -rf "$dest"
 source "$here/bundle.sh"
 bundle_binaries "$dest" "$new" "$@"
+# run.sh calls the new binary ./strata whatever its name here.
+[ "$(basename "$new")" = strata ] || mv "$dest/$(basename "$new")" "$dest/strata"
 cp "$base" "$dest/strata_base" && strip "$dest/strata_base"
 tests=""
 for t in "$@"; do tests+=" $(basename "$t")"; done
@@ -26,7 +30,12 @@ cd "\$(dirname "\$0")"
 source ./libpath.sh; source ./clocks.sh; stage_libpath strata --help > /dev/null || exit 3
 pack() { (cd "\$OUT" && tar czf /tmp/ab.tgz . && find . -mindepth 1 -delete && mv /tmp/ab.tgz .); }
 trap pack EXIT
-summary() { awk '\$2=="greedy" {printf "b%s %s/%s r%s  ", \$1, \$3, \$4, \$9}' "\$1"; }
+# Per batch: greedy wall/GPU ms, the ratio, and the host's enqueue / the work after the graph
+# (the bench's "host enqueue" and "to pinned" medians, ms).
+summary() {
+  awk '\$2=="greedy" {g=1; printf "b%s %s/%s r%s", \$1, \$3, \$4, \$9; next}
+       g && /host enqueue/ {gsub(/,/, ""); printf " (h%s t%s)  ", \$3, \$7; g=0}' "\$1"
+}
 for r in \$(seq ${ROUNDS:-3}); do
   for v in base new ${VARIANTS:-}; do
     bin=./strata; envs=""; flags=""
