@@ -121,6 +121,8 @@ class SideStream {
                                                             int main_priority = 0) {
     std::unique_ptr<SideStream> side(new SideStream(main));
     side->main_priority_ = main_priority;
+    int highest = 0;  // numerically the smallest
+    CUDA_RETURN_IF_ERROR(cudaDeviceGetStreamPriorityRange(&side->lowest_priority_, &highest));
     CUDA_RETURN_IF_ERROR(
         cudaStreamCreateWithPriority(&side->stream_, cudaStreamNonBlocking, main_priority));
     CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&side->fork_, cudaEventDisableTiming));
@@ -152,10 +154,8 @@ class SideStream {
   // stream's first. A graph captured from the streams keeps what was set during its capture.
   absl::Status BelowMain(bool below) {
     if (below == below_) return absl::OkStatus();
-    int lowest = 0, highest = 0;
-    CUDA_RETURN_IF_ERROR(cudaDeviceGetStreamPriorityRange(&lowest, &highest));
     cudaLaunchAttributeValue v{};
-    v.priority = below ? lowest : main_priority_;
+    v.priority = below ? lowest_priority_ : main_priority_;
     CUDA_RETURN_IF_ERROR(cudaStreamSetAttribute(stream_, cudaLaunchAttributePriority, &v));
     below_ = below;
     return absl::OkStatus();
@@ -167,6 +167,7 @@ class SideStream {
   explicit SideStream(cudaStream_t main) : main_(main) {}
   cudaStream_t main_;
   int main_priority_ = 0;
+  int lowest_priority_ = 0;  // the device's
   bool below_ = false;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t fork_ = nullptr, join_ = nullptr;
