@@ -6,7 +6,9 @@
 #   run(command="bash .devwork/ab/run.sh", carry=[".devwork/ab"])
 # Knobs (environment, read when staging): ROUNDS (3), BATCHES (1,4,16,64), CONTEXT (1024),
 # VARIANTS: extra runs of the new binary under environment switches or bench flags, e.g.
-# "X=1 --fold-norms=0" (each word one variant: NAME=VALUE, or a --flag=value of bench decode).
+# "X=1 --fold-norms=0" (each word one variant: NAME=VALUE, or a --flag=value of bench decode);
+# TEST_FILTER: a gtest filter for every test binary (e.g. "*FoldedNorms*:*Route*"; the whole
+# engine test takes ~170 s on an H100).
 # The new binary may have any name (it runs as ./strata). Output: one summary line per run
 # (greedy: wall/GPU ms, the HBM-floor ratio, the host's enqueue and the work after the graph per
 # batch), the tests' pass lines; logs come back as $OUT/ab.tgz.
@@ -50,7 +52,7 @@ for r in \$(seq ${ROUNDS:-3}); do
   done
 done
 for t in$tests; do
-  s=\$(date +%s); timeout 280 ./\$t > \$OUT/\$t.log 2>&1
+  s=\$(date +%s); timeout 280 ./\$t ${TEST_FILTER:+--gtest_filter='$TEST_FILTER'} > \$OUT/\$t.log 2>&1
   echo "\$t rc=\$? \$(( \$(date +%s) - s )) s \$(grep -E '^\[  (PASSED|FAILED)' \$OUT/\$t.log | tr '\n' ' ')"
   grep -E "Failure|FAILED  \]" \$OUT/\$t.log | head -5
 done
