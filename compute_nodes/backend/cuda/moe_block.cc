@@ -151,8 +151,7 @@ absl::StatusOr<kernels::RmsNormMoeSum> MoeBlock::Forward(int64_t layer, const De
   // more): no alignment launch on the critical path of a few-row step. One token may skip the
   // router launch too: the expert kernels route it themselves (RouteOnDevice).
   const bool router_aligns = path == Path::kDevice && n <= kernels::kMoeRouterAlignMaxTokens;
-  const bool experts_route = route_in_experts_ && path == Path::kDevice && n == 1;
-  if (!experts_route) {
+  if (!ExpertsRoute(n)) {
     RETURN_IF_ERROR(kernels::LaunchMoeRouter(RouterParams(layer, L, n, router_aligns), s_));
   }
   const int64_t* token_slot;
@@ -266,7 +265,7 @@ absl::Status MoeBlock::RouteOnDevice(int64_t layer, const DeviceLayer& L, const 
   p.act = act_.as<bf16>();
   p.out = ye_.as<bf16>();
   p.weights_static = true;
-  if (route_in_experts_ && n == 1) p.route = RouterParams(layer, L, n, /*align=*/true);
+  if (ExpertsRoute(n)) p.route = RouterParams(layer, L, n, /*align=*/true);
   return kernels::LaunchMoeExperts(p, s_);
 }
 

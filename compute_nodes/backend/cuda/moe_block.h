@@ -74,6 +74,10 @@ class MoeBlock {
  private:
   absl::Status RouteOnDevice(int64_t layer, const DeviceLayer& L, const __nv_bfloat16* xn,
                              int64_t n);
+  // Whether a step of n tokens has its expert kernels route (no router launch).
+  bool ExpertsRoute(int64_t n) const {
+    return route_in_experts_ && n == 1 && PathFor(n) == Path::kDevice;
+  }
   // The router's params for n tokens of `layer`; `align`: with the layer's alignment arrays.
   kernels::MoeRouterParams RouterParams(int64_t layer, const DeviceLayer& L, int64_t n, bool align);
   absl::Status Align(int64_t layer, int64_t n);
