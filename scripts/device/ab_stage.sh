@@ -3,6 +3,8 @@
 # change and the one after) take turns over `strata bench decode`, then the given test binaries
 # run (after the bench, so they do not disturb it). Usage:
 #   scripts/device/ab_stage.sh BASE_STRATA NEW_STRATA [TEST_BINARY...]
+# BASE_STRATA "-": no base binary; the new one runs against its own VARIANTS (an option that is
+# off by default, timed on and off without carrying a second binary).
 #   run(command="bash .devwork/ab/run.sh", carry=[".devwork/ab"])
 # Knobs (environment, read when staging): ROUNDS (3), BATCHES (1,4,16,64), CONTEXT (1024),
 # VARIANTS: extra runs of the new binary under environment switches or bench flags, e.g.
@@ -23,7 +25,12 @@ source "$here/bundle.sh"
 bundle_binaries "$dest" "$new" "$@"
 # run.sh calls the new binary ./strata whatever its name here.
 [ "$(basename "$new")" = strata ] || mv "$dest/$(basename "$new")" "$dest/strata"
-cp "$base" "$dest/strata_base" && strip "$dest/strata_base"
+runs="base new"
+if [ "$base" = - ]; then
+  runs=new
+else
+  cp "$base" "$dest/strata_base" && strip "$dest/strata_base"
+fi
 tests=""
 for t in "$@"; do tests+=" $(basename "$t")"; done
 cat > "$dest/run.sh" <<RUN
@@ -39,7 +46,7 @@ summary() {
        g && /host enqueue/ {gsub(/,/, ""); printf " (h%s t%s)  ", \$3, \$7; g=0}' "\$1"
 }
 for r in \$(seq ${ROUNDS:-3}); do
-  for v in base new ${VARIANTS:-}; do
+  for v in $runs ${VARIANTS:-}; do
     bin=./strata; envs=""; flags=""
     [ \$v = base ] && bin=./strata_base
     case \$v in base|new) ;; --*) flags=\$v ;; *) envs=\$v ;; esac
