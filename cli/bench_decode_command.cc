@@ -49,7 +49,6 @@ struct Args {
   bool fold_norms = true;
   bool rope_beside = true;
   int64_t low_priority_side_rows = 1;
-  bool route_in_experts = false;
   int64_t moe_device_max_tokens = 256;
   int64_t concurrent_loads = 0;  // pages
 };
@@ -73,7 +72,6 @@ void Run(const Args& a) {
   options.fold_norms = a.fold_norms;
   options.rope_beside_query = a.rope_beside;
   options.low_priority_side_rows = a.low_priority_side_rows;
-  options.route_in_experts = a.route_in_experts;
   options.moe_device_max_tokens = a.moe_device_max_tokens;
   if (auto st = cuda::CudaAvailable(); !st.ok()) Fail(2, StrCat("bench decode: ", st.message()));
   const auto t0 = std::chrono::steady_clock::now();
@@ -113,7 +111,6 @@ void Run(const Args& a) {
   report["fold_norms"] = a.fold_norms;
   report["rope_beside"] = a.rope_beside;
   report["low_priority_side_rows"] = a.low_priority_side_rows;
-  report["route_in_experts"] = a.route_in_experts;
   report["moe_device_max_tokens"] = a.moe_device_max_tokens;
   report["hbm_bytes_per_second"] = kHbmBytesPerSecond;
   report["ratios"] = nlohmann::json::object();
@@ -260,9 +257,6 @@ void RegisterBenchDecodeCommand(CLI::App& app) {
   cmd->add_option("--low-priority-side-rows", a->low_priority_side_rows,
                   "Steps of up to this many rows run the side stream below the main one (0: never)")
       ->default_val(1);
-  cmd->add_option("--route-in-experts", a->route_in_experts,
-                  "One-row steps: the expert kernels route the token (1), or a router launch (0)")
-      ->default_val(false);
   cmd->add_option("--moe-device-max-tokens", a->moe_device_max_tokens,
                   "Device-side MoE routing up to this many tokens (0: always via the host)")
       ->default_val(256);

@@ -18,7 +18,6 @@
 #include "kernels/common/pdl.cuh"
 #include "kernels/common/sm80_ptx.cuh"
 #include "kernels/moe_experts/moe_experts.h"
-#include "kernels/moe_router/route_token.cuh"
 #include "kernels/norm_rope/rms_norm_row.cuh"
 
 namespace strata::kernels {
@@ -27,39 +26,6 @@ namespace {
 constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
 constexpr int kStepK = 64;  // 4 lanes x 2 vectors x 8 elements
-
-// A one-token launch routed by its own CTAs (MoeExpertsParams::route): warp 0 routes the token
-// with the router's routine (scores and choices in dynamic shared memory, 2 x num_experts
-// floats), and every thread gets the expert of the CTA's slot blockIdx.y, or -1 past the valid
-// choices. Slot i is the i-th valid choice, as the router's one-token alignment numbers them, so
-// the expert is chosen once (count 1) and its slot is blockIdx.y. The `writer` CTA also stores
-// what the router would have (experts, weights, the alignment) for the kernels after this one.
-__device__ int RoutedExpert(const MoeExpertsParams& p, bool writer) {
-  extern __shared__ float route_scratch[];
-  __shared__ int slot_expert;
-  const MoeRouterParams& r = p.route;
-  if (threadIdx.x < 32) {
-    const int lane = threadIdx.x;
-    const moe_route::RoutedChoice c =
-        moe_route::RouteToken(r, 0, lane, route_scratch, route_scratch + r.num_experts);
-    const bool valid = lane < r.top_k && c.expert >= 0 && c.expert < r.num_experts;
-    const unsigned valid_mask = __ballot_sync(0xffffffffu, valid);
-    const int slot = __popc(valid_mask & ((1u << lane) - 1u));
-    const int y = static_cast<int>(blockIdx.y);
-    const bool mine = valid && slot == y;
-    if (lane == 0 && __popc(valid_mask) <= y) slot_expert = -1;
-    if (mine) slot_expert = c.expert;
-    if (writer) {
-      if (lane < r.top_k) {
-        r.experts[lane] = c.expert;
-        r.weights[lane] = c.weight;
-      }
-      moe_route::AlignOneToken(r.align, r.num_experts, r.top_k, c.expert, lane);
-    }
-  }
-  __syncthreads();
-  return slot_expert;
-}
 
 // kDepth: reduction steps whose loads a warp issues before their MMAs (bytes in flight).
 // kEarly (down kernels, p.weights_static): the expert and the weights of the first pass are read
@@ -71,25 +37,16 @@ __device__ int RoutedExpert(const MoeExpertsParams& p, bool writer) {
 // rows g, up rows g + 8 of the one tile), a down CTA 16 rows.
 // kNorm: the one token row is formed from p.norm_in in shared memory (MoeNormIn), after the
 // launch wait and, with kEarly, while the first weights are in flight.
-// kRoute: the CTA routes the one token itself (p.route; RoutedExpert below), where the other
-// forms read the alignment arrays.
-template <int kNT, bool kGateUp, int kDepth, bool kEarly = false, int kMT = 2, bool kNorm = false,
-          bool kRoute = false>
+template <int kNT, bool kGateUp, int kDepth, bool kEarly = false, int kMT = 2, bool kNorm = false>
 __global__ void __launch_bounds__(kThreads, 2) MoeExpertsKernel(MoeExpertsParams p) {
   static_assert(!kEarly || !kGateUp, "the gate|up kernel's experts come from the kernel before");
   static_assert(kMT == 1 || kMT == 2);
   static_assert(!kNorm || kNT == 1, "a formed input is one token row");
-  static_assert(!kRoute || (kNT == 1 && !kNorm), "a routed launch is one token of routed experts");
   static_assert(kDepth * kMT <= 4, "two CTAs per SM: at most 4 tile-steps of weights in registers");
   __shared__ float red[kWarps][kMT][kNT][4][32];
   if constexpr (!kEarly) PdlGridSync();
   int e = 0, count = p.num_tokens, first = 0;
-  if constexpr (kRoute) {
-    e = RoutedExpert(p, kGateUp && blockIdx.x == 0 && blockIdx.y == 0);
-    if (e < 0) return;
-    count = 1;
-    first = blockIdx.y;
-  } else if (!p.identity) {
+  if (!p.identity) {
     if (static_cast<int>(blockIdx.y) >= *p.num_active) return;
     e = p.active[blockIdx.y];
     count = p.expert_count[e];
@@ -172,7 +129,7 @@ __global__ void __launch_bounds__(kThreads, 2) MoeExpertsKernel(MoeExpertsParams
       if (kNorm) {
         xrow[nt] = formed;
       } else if (kGateUp) {
-        const int64_t token = p.identity ? slot : kRoute ? 0 : p.slot_token[slot];
+        const int64_t token = p.identity ? slot : p.slot_token[slot];
         xrow[nt] = reinterpret_cast<const uint4*>(p.x + token * p.ld_x);
       } else {
         xrow[nt] = reinterpret_cast<const uint4*>(down_in + slot * ld_in);
@@ -307,16 +264,9 @@ std::string NormInProblem(const MoeNormIn& n, int tokens, int dim) {
 // The down kernel loads its first weights before the launch wait when they are static (H200,
 // v2-lite-shape decode, greedy GPU ms, three alternating rounds: batch 1 2.411-2.416 vs
 // 2.451-2.456, batch 4 4.290-4.293 vs 4.323-4.340, batch 16 7.705-7.713 vs 7.748-7.764).
-// `route`: the CTAs route the one token themselves (MoeExpertsParams::route).
 template <int kNT, bool kGateUp, int kDepth, int kMT>
-auto* KernelFor(bool weights_static, bool norm, bool route) {
-  if constexpr (kNT == 1) {  // one token row: it may be formed from a norm, or routed here
-    if (route) {
-      if constexpr (!kGateUp) {
-        if (weights_static) return MoeExpertsKernel<kNT, kGateUp, kDepth, true, kMT, false, true>;
-      }
-      return MoeExpertsKernel<kNT, kGateUp, kDepth, false, kMT, false, true>;
-    }
+auto* KernelFor(bool weights_static, bool norm) {
+  if constexpr (kNT == 1) {  // one token row: it may be formed from a norm
     if (norm) {
       if constexpr (!kGateUp) {
         if (weights_static) return MoeExpertsKernel<kNT, kGateUp, kDepth, true, kMT, true>;
@@ -340,17 +290,14 @@ void LaunchKernel(bool deep, bool norm, int rows, unsigned grid_y, unsigned grid
                   const MoeExpertsParams& p, cudaStream_t stream) {
   constexpr int kTileRows = kGateUp ? 8 : 16;  // CTA rows per 16-row weight tile
   constexpr int kDeepDepth = kNT == 1 ? 4 : 2;
-  const bool route = p.route.num_tokens != 0;
-  auto* k = KernelFor<kNT, kGateUp, 1, 2>(p.weights_static, norm, route);
+  auto* k = KernelFor<kNT, kGateUp, 1, 2>(p.weights_static, norm);
   int cta_rows = 2 * kTileRows;
   if (deep) {
-    k = KernelFor<kNT, kGateUp, kDeepDepth, 1>(p.weights_static, norm, route);
+    k = KernelFor<kNT, kGateUp, kDeepDepth, 1>(p.weights_static, norm);
     cta_rows = kTileRows;
   }
   const dim3 grid((rows + cta_rows - 1) / cta_rows, grid_y, grid_z);
-  // A routing CTA's scores and choices (RoutedExpert).
-  const size_t smem = route ? 2 * sizeof(float) * p.route.num_experts : 0;
-  (void)LaunchPdl(k, grid, dim3(kThreads), smem, stream, p);
+  (void)LaunchPdl(k, grid, dim3(kThreads), 0, stream, p);
 }
 
 // Two token tiles take the deep form up to this many tokens (the most it was measured at).
@@ -405,21 +352,6 @@ absl::Status ValidateMoeExpertsParams(const MoeExpertsParams& p) {
   if (p.token_tiles != 1 && p.token_tiles != 2) return Invalid("token_tiles must be 1 or 2");
   if (p.ld_x < p.hidden || p.ld_x % 8 != 0) return Invalid("ld_x must be >= hidden, multiple of 8");
   if (p.batch != 1) return Invalid("batch > 1 is for LaunchSkinnyGemm only");
-  const bool route = p.route.num_tokens != 0;
-  if (route) {
-    if (p.num_tokens != 1 || p.token_tiles != 1 || p.identity || p.norm_in.params.rows != 0) {
-      return Invalid("route needs one token of routed experts (token_tiles 1, no norm_in)");
-    }
-    if (absl::Status st = ValidateMoeRouterParams(p.route); !st.ok()) {
-      return Invalid("route: " + std::string(st.message()));
-    }
-    if (p.route.num_tokens != 1 || MoeAlignmentArraysSet(p.route.align) != kMoeAlignmentArrays ||
-        p.route.num_experts != p.num_experts || p.max_active < p.route.top_k) {
-      return Invalid(
-          "route needs route.num_tokens 1, every alignment array, route.num_experts == "
-          "num_experts and max_active >= route.top_k");
-    }
-  }
   if (p.identity) {
     if (p.max_active != 1) return Invalid("identity needs max_active 1");
   } else {
@@ -427,8 +359,8 @@ absl::Status ValidateMoeExpertsParams(const MoeExpertsParams& p) {
     if (p.expert_stride < held || p.expert_stride % 8 != 0) {
       return Invalid("expert_stride must hold an expert's weights and be a multiple of 8");
     }
-    if (!route && (p.expert_count == nullptr || p.expert_offset == nullptr || p.active == nullptr ||
-                   p.num_active == nullptr || p.slot_token == nullptr)) {
+    if (p.expert_count == nullptr || p.expert_offset == nullptr || p.active == nullptr ||
+        p.num_active == nullptr || p.slot_token == nullptr) {
       return Invalid("the alignment arrays must be set");
     }
   }

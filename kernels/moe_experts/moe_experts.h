@@ -102,18 +102,6 @@ struct MoeExpertsParams {
   int64_t ld_down_in = 0;    // 0: inter
   int64_t ld_out = 0;        // row stride of out / out_f32 (0: hidden)
   float* out_f32 = nullptr;  // fp32 output of the down kernel instead of out
-  // One routed token (num_tokens 1, token_tiles 1), routed by the expert kernels themselves from
-  // these router params (num_tokens 1, every alignment array set) instead of by LaunchMoeRouter:
-  // each CTA of both kernels runs the router's warp routine (kernels/moe_router/route_token.cuh,
-  // so the choices are the router's, bit for bit) and takes the expert of its slot, slots
-  // numbered as the router's one-token alignment numbers them; the gate|up grid's first CTA also
-  // writes what the router would (route.experts, route.weights, route.align) for the kernels
-  // after. The alignment arrays above are then not read, and no router launch sits between the
-  // logits and the experts on a one-row step's critical path. The gate|up kernel reads the
-  // logits after its programmatic-launch wait (they come from the kernel ahead of it); the down
-  // kernel with weights_static routes before its wait, as it read the alignment before. Needs
-  // max_active >= route.top_k. route.num_tokens 0: off.
-  MoeRouterParams route;
   // The weights were complete before the kernel ahead of this launch on the stream started (model
   // weights): the down kernel then loads its first pass of them before the programmatic-launch
   // wait, while that kernel still runs (H200, v2-lite-shape decode: batch-1 step 2.45 -> 2.41 ms

@@ -464,24 +464,19 @@ TEST_P(CudaEngineTest, DecodeGraphAndMoePathsMatchEager) {
 // the q|kv_a projection, the router logits, the shared experts then reading the router logits'
 // xn) give bit-identically the logits of the same steps with norm kernels, graphed or not;
 // a two-row step in between (never folded) reads the residual stream the folded steps left.
-// So do the steps with the side stream at the main stream's priority (low_priority_side_rows 0),
-// and those whose expert kernels route one row themselves instead of a router launch
-// (route_in_experts).
+// So do the steps with the side stream at the main stream's priority (low_priority_side_rows 0).
 TEST_P(CudaEngineTest, FoldedNormsAreBitIdentical) {
   struct Variant {
     bool fold, graphs;
     int64_t low_priority_side_rows;
-    bool route_in_experts = false;
   };
   std::vector<std::vector<float>> first;  // folded, graphed
   for (const Variant v : {Variant{true, true, 1}, Variant{true, false, 1}, Variant{false, true, 1},
-                          Variant{false, false, 1}, Variant{true, true, 0},
-                          Variant{true, true, 1, true}, Variant{false, false, 1, true}}) {
+                          Variant{false, false, 1}, Variant{true, true, 0}}) {
     cuda::CudaEngineOptions options;
     options.fold_norms = v.fold;
     options.cuda_graphs = v.graphs;
     options.low_priority_side_rows = v.low_priority_side_rows;
-    options.route_in_experts = v.route_in_experts;
     Engines e = Open(GetParam(), options);
     ASSERT_NE(e.gpu, nullptr);
     const std::vector<int32_t> a = Ids(48, 3), b = Ids(40, 4);
@@ -512,7 +507,7 @@ TEST_P(CudaEngineTest, FoldedNormsAreBitIdentical) {
     for (size_t r = 0; r < got.size(); ++r) {
       EXPECT_EQ(got[r], first[r]) << "fold " << v.fold << ", graphs " << v.graphs
                                   << ", low-priority side rows " << v.low_priority_side_rows
-                                  << ", route in experts " << v.route_in_experts << ", row " << r;
+                                  << ", row " << r;
     }
   }
 }

@@ -67,11 +67,6 @@ struct CudaEngineOptions {
   // default priority always. H100, v2-lite-shape, greedy GPU ms, 3 rounds in turns: batch 1
   // 2.320-2.323 against 2.328-2.332 without it; 4, 16 and 64 unchanged (docs/decode-notes.md).
   int64_t low_priority_side_rows = 1;
-  // One-row steps: no router launch; each MoE layer's expert kernels route the token themselves
-  // from the router logits (kernels::MoeExpertsParams::route), with the router's choices bit for
-  // bit. Off by default until it is timed on a GPU (built in session 39, when no device came;
-  // docs/decode-notes.md).
-  bool route_in_experts = false;
   // The KV pool registers a same-host cache server's shm arena with CUDA (in the background) and
   // imports cached blocks from it in place (DeviceKvPoolOptions::register_shared_regions).
   bool read_cache_in_place = true;

@@ -64,8 +64,7 @@ struct CudaEngine::Impl {
         s(st),
         side(std::move(side_stream)),
         options(o),
-        moe(w.config(), &b, st, side.get(), o.moe_device_max_tokens, o.moe_grouped,
-            o.route_in_experts, &grows) {}
+        moe(w.config(), &b, st, side.get(), o.moe_device_max_tokens, o.moe_grouped, &grows) {}
   ~Impl() {
     if (inv_freq != nullptr) (void)cudaFree(inv_freq);
     if (wuk_t != nullptr) (void)cudaFree(wuk_t);

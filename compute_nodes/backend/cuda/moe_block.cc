@@ -15,15 +15,13 @@ namespace strata::cuda {
 using bf16 = __nv_bfloat16;
 
 MoeBlock::MoeBlock(const model::ModelConfig& config, const Cublas* blas, cudaStream_t stream,
-                   SideStream* side, int64_t max_device_tokens, bool grouped, bool route_in_experts,
-                   int64_t* grows)
+                   SideStream* side, int64_t max_device_tokens, bool grouped, int64_t* grows)
     : c_(config),
       blas_(blas),
       s_(stream),
       side_(side),
       max_device_tokens_(max_device_tokens),
       grouped_(grouped && kernels::MoeGroupedApplies()),
-      route_in_experts_(route_in_experts),
       expert_bytes_(3 * config.moe_intermediate_size * config.hidden_size * 2),
       router_logits_(grows),
       experts_(grows),
@@ -148,11 +146,31 @@ absl::StatusOr<kernels::RmsNormMoeSum> MoeBlock::Forward(int64_t layer, const De
   if (norm != nullptr) RETURN_IF_ERROR(shared_experts());
   const Path path = PathFor(n);
   // Up to 16 tokens the router aligns its own choices (its warp for one token, its block for
-  // more): no alignment launch on the critical path of a few-row step. One token may skip the
-  // router launch too: the expert kernels route it themselves (RouteOnDevice).
+  // more): no alignment launch on the critical path of a few-row step.
   const bool router_aligns = path == Path::kDevice && n <= kernels::kMoeRouterAlignMaxTokens;
-  if (!ExpertsRoute(n)) {
-    RETURN_IF_ERROR(kernels::LaunchMoeRouter(RouterParams(layer, L, n, router_aligns), s_));
+  {
+    kernels::MoeRouterParams p;
+    p.num_tokens = static_cast<int>(n);
+    p.num_experts = static_cast<int>(ne);
+    p.top_k = static_cast<int>(k);
+    p.scoring = c_.scoring_func == model::ScoringFunc::kSoftmax ? kernels::MoeScoring::kSoftmax
+                                                                : kernels::MoeScoring::kSigmoid;
+    p.topk_method = c_.topk_method == model::TopkMethod::kGreedy
+                        ? kernels::MoeTopkMethod::kGreedy
+                        : (c_.topk_method == model::TopkMethod::kGroupLimitedGreedy
+                               ? kernels::MoeTopkMethod::kGroupLimitedGreedy
+                               : kernels::MoeTopkMethod::kNoauxTc);
+    p.n_group = static_cast<int>(c_.n_group);
+    p.topk_group = static_cast<int>(c_.topk_group);
+    p.normalize = c_.type == model::ModelType::kDeepseekV3 && c_.norm_topk_prob;
+    p.routed_scaling_factor = static_cast<float>(c_.routed_scaling_factor);
+    p.logits = router_logits_.as<float>();
+    p.ld_logits = ne;
+    p.bias = L.score_bias;
+    p.experts = experts_.as<int32_t>();
+    p.weights = weights_.as<float>();
+    if (router_aligns) p.align = Alignment(layer);
+    RETURN_IF_ERROR(kernels::LaunchMoeRouter(p, s_));
   }
   const int64_t* token_slot;
   if (path != Path::kHost) {
@@ -174,33 +192,6 @@ absl::StatusOr<kernels::RmsNormMoeSum> MoeBlock::Forward(int64_t layer, const De
   out.shared = shared;
   out.ld_shared = h;
   return out;
-}
-
-kernels::MoeRouterParams MoeBlock::RouterParams(int64_t layer, const DeviceLayer& L, int64_t n,
-                                                bool align) {
-  const int64_t ne = c_.n_routed_experts;
-  kernels::MoeRouterParams p;
-  p.num_tokens = static_cast<int>(n);
-  p.num_experts = static_cast<int>(ne);
-  p.top_k = static_cast<int>(c_.num_experts_per_tok);
-  p.scoring = c_.scoring_func == model::ScoringFunc::kSoftmax ? kernels::MoeScoring::kSoftmax
-                                                              : kernels::MoeScoring::kSigmoid;
-  p.topk_method = c_.topk_method == model::TopkMethod::kGreedy
-                      ? kernels::MoeTopkMethod::kGreedy
-                      : (c_.topk_method == model::TopkMethod::kGroupLimitedGreedy
-                             ? kernels::MoeTopkMethod::kGroupLimitedGreedy
-                             : kernels::MoeTopkMethod::kNoauxTc);
-  p.n_group = static_cast<int>(c_.n_group);
-  p.topk_group = static_cast<int>(c_.topk_group);
-  p.normalize = c_.type == model::ModelType::kDeepseekV3 && c_.norm_topk_prob;
-  p.routed_scaling_factor = static_cast<float>(c_.routed_scaling_factor);
-  p.logits = router_logits_.as<float>();
-  p.ld_logits = ne;
-  p.bias = L.score_bias;
-  p.experts = experts_.as<int32_t>();
-  p.weights = weights_.as<float>();
-  if (align) p.align = Alignment(layer);
-  return p;
 }
 
 absl::Status MoeBlock::Align(int64_t layer, int64_t n) {
@@ -265,7 +256,6 @@ absl::Status MoeBlock::RouteOnDevice(int64_t layer, const DeviceLayer& L, const 
   p.act = act_.as<bf16>();
   p.out = ye_.as<bf16>();
   p.weights_static = true;
-  if (ExpertsRoute(n)) p.route = RouterParams(layer, L, n, /*align=*/true);
   return kernels::LaunchMoeExperts(p, s_);
 }
 

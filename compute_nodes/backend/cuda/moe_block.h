@@ -9,9 +9,8 @@
 // routing):
 //  - device path (n <= max_device_tokens): kernels/moe_experts aligns the routing into per-expert
 //    slot groups and runs the grouped gate|up + SiLU + down kernels; sizes stay on the device, no
-//    host sync, so the block can be captured in a CUDA graph. Up to 16 tokens the router writes
-//    the alignment itself; with route_in_experts one token (batch-1 decode) has no router launch
-//    either: the expert kernels route it themselves.
+//    host sync, so the block can be captured in a CUDA graph. For one token (batch-1 decode) the
+//    router's warp writes the alignment itself: one launch less on the step's critical path.
 //  - grouped path (larger n, prefill, on sm_90 unless turned off): the same alignment, then
 //    kernels/moe_experts/moe_grouped.h: the slots' rows gathered per expert and two grouped wgmma
 //    GEMMs (SiLU×mul in the first one's epilogue); also no host sync.
@@ -44,12 +43,9 @@ namespace strata::cuda {
 class MoeBlock {
  public:
   // `grows` counts buffer reallocations (see Buf). `blas` and `stream` outlive the block.
-  // With `side`, the shared experts run on it beside the routed ones. `route_in_experts`: a
-  // one-token step has no router launch; the expert kernels route the token themselves
-  // (kernels::MoeExpertsParams::route), with the same choices.
+  // With `side`, the shared experts run on it beside the routed ones.
   MoeBlock(const model::ModelConfig& config, const Cublas* blas, cudaStream_t stream,
-           SideStream* side, int64_t max_device_tokens, bool grouped, bool route_in_experts,
-           int64_t* grows);
+           SideStream* side, int64_t max_device_tokens, bool grouped, int64_t* grows);
   ~MoeBlock();
   MoeBlock(const MoeBlock&) = delete;
   MoeBlock& operator=(const MoeBlock&) = delete;
@@ -74,12 +70,6 @@ class MoeBlock {
  private:
   absl::Status RouteOnDevice(int64_t layer, const DeviceLayer& L, const __nv_bfloat16* xn,
                              int64_t n);
-  // Whether a step of n tokens has its expert kernels route (no router launch).
-  bool ExpertsRoute(int64_t n) const {
-    return route_in_experts_ && n == 1 && PathFor(n) == Path::kDevice;
-  }
-  // The router's params for n tokens of `layer`; `align`: with the layer's alignment arrays.
-  kernels::MoeRouterParams RouterParams(int64_t layer, const DeviceLayer& L, int64_t n, bool align);
   absl::Status Align(int64_t layer, int64_t n);
   // The alignment arrays (layer's entry of the active counts), as LaunchMoeAlign or a one-token
   // router writes them.
@@ -92,9 +82,8 @@ class MoeBlock {
   cudaStream_t s_;
   SideStream* side_;
   int64_t max_device_tokens_;
-  bool grouped_;           // the grouped path is allowed (and the device runs it)
-  bool route_in_experts_;  // one-token steps: the expert kernels route (no router launch)
-  int64_t expert_bytes_;   // gate, up and down of one routed expert
+  bool grouped_;          // the grouped path is allowed (and the device runs it)
+  int64_t expert_bytes_;  // gate, up and down of one routed expert
   // Routing: logits [n][E] fp32, experts/weights [n][k].
   Buf router_logits_, experts_, weights_;
   // Device path: counts [E], offsets [E + 1], active [E], slot_token [n k], token_slot [n k]
