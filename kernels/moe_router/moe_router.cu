@@ -1,6 +1,7 @@
-// MoE router: one warp per token, scores and choices in shared memory; top-k by k rounds of a warp
-// arg-max (value descending, index ascending on ties), as cpu::RouteToken's partial sort orders;
-// with the alignment (MoeAlignment) for one token from the same warp, for up to
+// MoE router: one warp per token, scores and choices in shared memory; the top-k in the order of
+// cpu::RouteToken's partial sort (value descending, index ascending on ties): up to 128 experts
+// from every choice's rank, counted by its lane, beyond that by k rounds of a warp arg-max; with
+// the alignment (MoeAlignment) for one token from the same warp, for up to
 // kMoeRouterAlignMaxTokens from the block that routed them all.
 #include <cmath>
 #include <string>
@@ -28,6 +29,80 @@ __device__ __forceinline__ void WarpArgMax(float& v, int& i) {
     if (Better(w, j, v, i)) {
       v = w;
       i = j;
+    }
+  }
+}
+
+// Experts per lane whose logits, exponentials and ranks a warp keeps in registers.
+constexpr int kKept = 4;
+
+// The top_k of choice[0:E) by top_k rounds of a warp arg-max, each winner removed from its lane's
+// candidates. Every lane gets the sum of the chosen scores (double, in choice order); lane k <
+// top_k gets choice k and its score (expert 1 << 30 and weight 0 where no candidate is left: NaN
+// choices never compare Better).
+__device__ void TopKByRounds(int top_k, int E, int lane, const float* score, const float* choice,
+                             double& weight_sum, int32_t& my_expert, float& my_weight) {
+  uint32_t taken = 0;  // bit s: this lane's expert lane + 32 s is already chosen
+  for (int k = 0; k < top_k; ++k) {
+    float bv = -INFINITY;
+    int bi = 1 << 30;
+    for (int e = lane, slot = 0; e < E; e += 32, ++slot) {
+      if ((taken >> slot) & 1u) continue;
+      if (Better(choice[e], e, bv, bi)) {
+        bv = choice[e];
+        bi = e;
+      }
+    }
+    WarpArgMax(bv, bi);
+    const bool found = bi < E;
+    if (found && bi % 32 == lane) taken |= 1u << (bi / 32);
+    const float w = found ? score[bi] : 0.f;
+    weight_sum += w;
+    if (lane == k) {
+      my_expert = bi;
+      my_weight = w;
+    }
+  }
+}
+
+// The same result for E <= 32 * kPer from ranks: a lane counts, for each of its kPer choices,
+// the choices Better than it (every one read from shared memory: E independent compares instead
+// of top_k rounds of dependent shuffles). Better orders (value, index) totally, so the choices of
+// rank 0..top_k-1 are the rounds' winners in order; NaN choices are not ranked.
+template <int kPer>
+__device__ void TopKByRank(int top_k, int E, int lane, const float* score, float* choice,
+                           double& weight_sum, int32_t& my_expert, float& my_weight) {
+  float mine[kPer];
+  int rank[kPer];
+  int valid = 0;
+#pragma unroll
+  for (int s = 0; s < kPer; ++s) {
+    const int e = lane + 32 * s;
+    mine[s] = e < E ? choice[e] : NAN;
+    valid += !isnan(mine[s]);
+    rank[s] = 0;
+  }
+#pragma unroll 4
+  for (int j = 0; j < E; ++j) {
+    const float y = choice[j];
+#pragma unroll
+    for (int s = 0; s < kPer; ++s) rank[s] += Better(y, j, mine[s], lane + 32 * s);
+  }
+  const int found = min(top_k, __reduce_add_sync(0xffffffffu, valid));
+  int32_t* picked = reinterpret_cast<int32_t*>(choice);  // [top_k], once every lane has ranked
+  __syncwarp();
+#pragma unroll
+  for (int s = 0; s < kPer; ++s) {
+    if (!isnan(mine[s]) && rank[s] < top_k) picked[rank[s]] = lane + 32 * s;
+  }
+  __syncwarp();
+  for (int k = 0; k < top_k; ++k) {
+    const int e = k < found ? picked[k] : 1 << 30;
+    const float w = k < found ? score[e] : 0.f;
+    weight_sum += w;
+    if (lane == k) {
+      my_expert = e;
+      my_weight = w;
     }
   }
 }
@@ -69,13 +144,35 @@ __device__ int RouteToken(const MoeRouterParams& p, int64_t token, int lane, flo
   const int E = p.num_experts;
 
   if (p.scoring == MoeScoring::kSoftmax) {
+    // The first kKept logits of the lane and their exponentials stay in registers (every expert
+    // up to 32 * kKept); the sum runs in the same order either way.
+    float logit[kKept];
+    double ex[kKept];
     float mx = -INFINITY;
-    for (int e = lane; e < E; e += 32) mx = fmaxf(mx, logits[e]);
+#pragma unroll
+    for (int s = 0; s < kKept; ++s) {
+      const int e = lane + 32 * s;
+      logit[s] = e < E ? logits[e] : -INFINITY;
+      mx = fmaxf(mx, logit[s]);
+    }
+    for (int e = lane + 32 * kKept; e < E; e += 32) mx = fmaxf(mx, logits[e]);
     for (int o = 16; o > 0; o >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
     double sum = 0;
-    for (int e = lane; e < E; e += 32) sum += exp(static_cast<double>(logits[e] - mx));
+#pragma unroll
+    for (int s = 0; s < kKept; ++s) {
+      if (lane + 32 * s < E) {
+        ex[s] = exp(static_cast<double>(logit[s] - mx));
+        sum += ex[s];
+      }
+    }
+    for (int e = lane + 32 * kKept; e < E; e += 32) sum += exp(static_cast<double>(logits[e] - mx));
     for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-    for (int e = lane; e < E; e += 32) {
+#pragma unroll
+    for (int s = 0; s < kKept; ++s) {
+      const int e = lane + 32 * s;
+      if (e < E) score[e] = static_cast<float>(ex[s] / sum);
+    }
+    for (int e = lane + 32 * kKept; e < E; e += 32) {
       score[e] = static_cast<float>(exp(static_cast<double>(logits[e] - mx)) / sum);
     }
   } else {
@@ -123,32 +220,15 @@ __device__ int RouteToken(const MoeRouterParams& p, int64_t token, int lane, flo
     __syncwarp();
   }
 
-  // top_k rounds of arg-max over choice; the winner is removed from its lane's candidates.
   double weight_sum = 0;
   int32_t my_expert = 0;
   float my_weight = 0.f;
-  uint32_t taken = 0;  // bit s: this lane's expert lane + 32 s is already chosen
-  for (int k = 0; k < p.top_k; ++k) {
-    float bv = -INFINITY;
-    int bi = 1 << 30;
-    for (int e = lane, slot = 0; e < E; e += 32, ++slot) {
-      if ((taken >> slot) & 1u) continue;
-      if (Better(choice[e], e, bv, bi)) {
-        bv = choice[e];
-        bi = e;
-      }
-    }
-    WarpArgMax(bv, bi);
-    // No candidate compares when the choices are NaN: bi stays out of range, the alignment
-    // flags it.
-    const bool found = bi < E;
-    if (found && bi % 32 == lane) taken |= 1u << (bi / 32);
-    const float w = found ? score[bi] : 0.f;
-    weight_sum += w;
-    if (lane == k) {
-      my_expert = bi;
-      my_weight = w;
-    }
+  if (E <= 64) {
+    TopKByRank<2>(p.top_k, E, lane, score, choice, weight_sum, my_expert, my_weight);
+  } else if (E <= 32 * kKept) {
+    TopKByRank<kKept>(p.top_k, E, lane, score, choice, weight_sum, my_expert, my_weight);
+  } else {
+    TopKByRounds(p.top_k, E, lane, score, choice, weight_sum, my_expert, my_weight);
   }
   if (lane < p.top_k) {
     float w = my_weight;

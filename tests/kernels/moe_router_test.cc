@@ -9,8 +9,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "compute_nodes/backend/cpu/cpu_ops.h"
@@ -94,8 +96,10 @@ class MoeRouterTest : public ::testing::Test {
   }
   std::mt19937 rng_{std::random_device{}()};
 
-  void RunCase(const RouterCase& rc, int tokens) {
-    SCOPED_TRACE(::testing::Message() << rc.name << " tokens=" << tokens);
+  // ties: logits and biases from a few values, so that many choices are equal and the order
+  // rests on the index rule.
+  void RunCase(const RouterCase& rc, int tokens, bool ties = false) {
+    SCOPED_TRACE(::testing::Message() << rc.name << " tokens=" << tokens << " ties=" << ties);
     model::ModelConfig c;
     c.type = rc.type;
     c.n_routed_experts = rc.experts;
@@ -109,9 +113,10 @@ class MoeRouterTest : public ::testing::Test {
     std::normal_distribution<float> normal(0.f, 2.f), small(0.f, 0.1f);
     const int ld = rc.experts + 3;  // strided rows
     std::vector<float> logits(static_cast<size_t>(tokens) * ld);
-    for (float& x : logits) x = normal(rng_);
+    std::uniform_int_distribution<int> level(0, 3);
+    for (float& x : logits) x = ties ? 0.5f * static_cast<float>(level(rng_)) : normal(rng_);
     std::vector<float> bias(rc.experts);
-    for (float& x : bias) x = small(rng_);
+    for (float& x : bias) x = ties ? 0.25f * static_cast<float>(level(rng_) % 2) : small(rng_);
     const bool use_bias = rc.method == model::TopkMethod::kNoauxTc;
 
     DeviceBuffer dlogits(logits), dbias(bias);
@@ -224,6 +229,75 @@ const RouterCase kSoftmaxV3 = {"v3-softmax-nonorm",
 TEST_F(MoeRouterTest, MatchesCpuRouter) {
   for (const RouterCase& rc : {kV3, kV2, kV2Lite, kOdd, kSoftmaxV3}) {
     for (int tokens : {1, 2, 5, 16, 33, 2000}) RunCase(rc, tokens);
+  }
+}
+
+// Equal choices go to the lower index, as the CPU's partial sort orders them; both top-k forms
+// (from ranks up to 128 experts: v2-lite, odd, v3-softmax; by rounds beyond: v3, v2).
+TEST_F(MoeRouterTest, MatchesCpuRouterOnTies) {
+  for (const RouterCase& rc : {kV3, kV2, kV2Lite, kOdd, kSoftmaxV3}) {
+    for (int tokens : {1, 7, 300}) RunCase(rc, tokens, /*ties=*/true);
+  }
+}
+
+// A NaN choice is never picked; the best of the others are, in order; slots left without a
+// candidate get expert 1 << 30 and weight 0. Sigmoid scores, so one NaN logit spoils one score
+// only. Both top-k forms (40 and 96 experts: ranks; 160: rounds).
+TEST_F(MoeRouterTest, NanChoicesAreNeverPicked) {
+  constexpr int kTopK = 4, kTokens = 3;
+  std::normal_distribution<float> normal(0.f, 2.f);
+  for (int experts : {40, 96, 160}) {
+    SCOPED_TRACE(::testing::Message() << "experts=" << experts);
+    std::vector<float> logits(kTokens * experts);
+    for (int t = 0; t < kTokens; ++t) {
+      for (int e = 0; e < experts; ++e) {
+        // Token 0: every third NaN; token 1: all but experts 5 and 17 (fewer than top_k);
+        // token 2: none.
+        const bool nan = (t == 0 && e % 3 == 1) || (t == 1 && e != 5 && e != 17);
+        logits[t * experts + e] = nan ? std::nanf("") : normal(rng_);
+      }
+    }
+    DeviceBuffer dlogits(logits), dexperts(kTokens * kTopK * 4), dweights(kTokens * kTopK * 4);
+    MoeRouterParams p;
+    p.num_tokens = kTokens;
+    p.num_experts = experts;
+    p.top_k = kTopK;
+    p.scoring = MoeScoring::kSigmoid;
+    p.topk_method = MoeTopkMethod::kGreedy;
+    p.normalize = false;
+    p.logits = dlogits.get<float>();
+    p.ld_logits = experts;
+    p.experts = dexperts.get<int32_t>();
+    p.weights = dweights.get<float>();
+    const absl::Status st = LaunchMoeRouter(p, nullptr);
+    ASSERT_TRUE(st.ok()) << st;
+    ASSERT_CUDA_OK(cudaDeviceSynchronize());
+    const auto got_e = dexperts.Download<int32_t>();
+    const auto got_w = dweights.Download<float>();
+    for (int t = 0; t < kTokens; ++t) {
+      std::vector<std::pair<float, int>> ranked;  // (score, expert) of the non-NaN logits
+      for (int e = 0; e < experts; ++e) {
+        const float x = logits[t * experts + e];
+        if (!std::isnan(x)) {
+          ranked.emplace_back(static_cast<float>(1.0 / (1.0 + std::exp(-static_cast<double>(x)))),
+                              e);
+        }
+      }
+      std::sort(ranked.begin(), ranked.end(), [](const auto& a, const auto& b) {
+        return a.first > b.first || (a.first == b.first && a.second < b.second);
+      });
+      for (int k = 0; k < kTopK; ++k) {
+        SCOPED_TRACE(::testing::Message() << "token " << t << " choice " << k);
+        const int i = t * kTopK + k;
+        if (k < static_cast<int>(ranked.size())) {
+          EXPECT_EQ(got_e[i], ranked[k].second);
+          EXPECT_NEAR(got_w[i], ranked[k].first, 1e-6f * ranked[k].first);
+        } else {
+          EXPECT_EQ(got_e[i], 1 << 30);
+          EXPECT_EQ(got_w[i], 0.f);
+        }
+      }
+    }
   }
 }
 
