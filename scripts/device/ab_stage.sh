@@ -10,7 +10,8 @@
 # VARIANTS: extra runs of the new binary under environment switches or bench flags, e.g.
 # "X=1 --fold-norms=0" (each word one variant: NAME=VALUE, or a --flag=value of bench decode);
 # TEST_FILTER: a gtest filter for every test binary (e.g. "*FoldedNorms*:*Route*"; the whole
-# engine test takes ~170 s on an H100).
+# engine test takes ~170 s on an H100). MIDS: more strata binaries (paths) that take their turn
+# between base and new, each under its file name (e.g. the first of two stacked changes).
 # The new binary may have any name (it runs as ./strata). Output: one summary line per run
 # (greedy: wall/GPU ms, the HBM-floor ratio, the host's enqueue and the work after the graph per
 # batch), the tests' pass lines; logs come back as $OUT/ab.tgz.
@@ -31,6 +32,14 @@ if [ "$base" = - ]; then
 else
   cp "$base" "$dest/strata_base" && strip "$dest/strata_base"
 fi
+mids=""
+for m in ${MIDS:-}; do
+  name=$(basename "$m")
+  case $name in strata|strata_base|base|new|*=*|--*) echo "MIDS: rename $m" >&2; exit 2 ;; esac
+  cp "$m" "$dest/$name" && strip "$dest/$name"
+  mids+=" $name"
+done
+[ "$base" = - ] || runs="base$mids new"
 tests=""
 for t in "$@"; do tests+=" $(basename "$t")"; done
 cat > "$dest/run.sh" <<RUN
@@ -48,8 +57,13 @@ summary() {
 for r in \$(seq ${ROUNDS:-3}); do
   for v in $runs ${VARIANTS:-}; do
     bin=./strata; envs=""; flags=""
-    [ \$v = base ] && bin=./strata_base
-    case \$v in base|new) ;; --*) flags=\$v ;; *) envs=\$v ;; esac
+    case \$v in
+      base) bin=./strata_base ;;
+      new) ;;
+      --*) flags=\$v ;;
+      *=*) envs=\$v ;;
+      *) bin=./\$v ;;
+    esac
     log=\$OUT/dec_\${v//[^A-Za-z0-9_]/_}_\$r.log
     clocks_start \$OUT/clocks.csv
     env \$envs timeout 90 \$bin bench decode --batch ${BATCHES:-1,4,16,64} --context ${CONTEXT:-1024} \\
