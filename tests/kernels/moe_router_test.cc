@@ -232,6 +232,24 @@ TEST_F(MoeRouterTest, MatchesCpuRouter) {
   }
 }
 
+// A greedy router without normalization over dense [tokens][experts] logits.
+MoeRouterParams GreedyParams(int tokens, int experts, int top_k, MoeScoring scoring,
+                             const DeviceBuffer& logits, const DeviceBuffer& out_experts,
+                             const DeviceBuffer& out_weights) {
+  MoeRouterParams p;
+  p.num_tokens = tokens;
+  p.num_experts = experts;
+  p.top_k = top_k;
+  p.scoring = scoring;
+  p.topk_method = MoeTopkMethod::kGreedy;
+  p.normalize = false;
+  p.logits = logits.get<float>();
+  p.ld_logits = experts;
+  p.experts = out_experts.get<int32_t>();
+  p.weights = out_weights.get<float>();
+  return p;
+}
+
 // Equal choices go to the lower index, as the CPU's partial sort orders them; both top-k forms
 // (from ranks up to 128 experts: v2-lite, odd, v3-softmax; by rounds beyond: v3, v2).
 TEST_F(MoeRouterTest, MatchesCpuRouterOnTies) {
@@ -258,17 +276,8 @@ TEST_F(MoeRouterTest, NanChoicesAreNeverPicked) {
       }
     }
     DeviceBuffer dlogits(logits), dexperts(kTokens * kTopK * 4), dweights(kTokens * kTopK * 4);
-    MoeRouterParams p;
-    p.num_tokens = kTokens;
-    p.num_experts = experts;
-    p.top_k = kTopK;
-    p.scoring = MoeScoring::kSigmoid;
-    p.topk_method = MoeTopkMethod::kGreedy;
-    p.normalize = false;
-    p.logits = dlogits.get<float>();
-    p.ld_logits = experts;
-    p.experts = dexperts.get<int32_t>();
-    p.weights = dweights.get<float>();
+    const MoeRouterParams p =
+        GreedyParams(kTokens, experts, kTopK, MoeScoring::kSigmoid, dlogits, dexperts, dweights);
     const absl::Status st = LaunchMoeRouter(p, nullptr);
     ASSERT_TRUE(st.ok()) << st;
     ASSERT_CUDA_OK(cudaDeviceSynchronize());
@@ -311,17 +320,8 @@ TEST_F(MoeRouterTest, AlignFlagsNanLogits) {
         experts(tokens * kTopK * 4), weights(tokens * kTopK * 4);
     testing::MoeAlignBuffers align(std::vector<int32_t>(tokens * kTopK, 0), tokens, kTopK,
                                    kExperts);
-    MoeRouterParams p;
-    p.num_tokens = tokens;
-    p.num_experts = kExperts;
-    p.top_k = kTopK;
-    p.scoring = MoeScoring::kSoftmax;
-    p.topk_method = MoeTopkMethod::kGreedy;
-    p.normalize = false;
-    p.logits = logits.get<float>();
-    p.ld_logits = kExperts;
-    p.experts = experts.get<int32_t>();
-    p.weights = weights.get<float>();
+    MoeRouterParams p =
+        GreedyParams(tokens, kExperts, kTopK, MoeScoring::kSoftmax, logits, experts, weights);
     p.align = align.params.out;
     const absl::Status st = LaunchMoeRouter(p, nullptr);
     ASSERT_TRUE(st.ok()) << st;
