@@ -12,6 +12,11 @@
 # TEST_FILTER: a gtest filter for every test binary (e.g. "*FoldedNorms*:*Route*"; the whole
 # engine test takes ~170 s on an H100). MIDS: more strata binaries (paths) that take their turn
 # between base and new, each under its file name (e.g. the first of two stacked changes).
+# NCU: a kernel-name regex; after the rounds, every binary's batch-1 step runs under Nsight
+# Compute and the mean time of each matching kernel (per grid) is printed (ab_ncu.sh).
+# NCU_FULL: REGEX:SKIP, the full section set for one launch of each binary, the one after SKIP
+# matching launches (e.g. "MoeExperts:2" = layer 0's dense gate|up): headline figures printed,
+# the report and its per-instruction stall table in the logs.
 # The new binary may have any name (it runs as ./strata). Output: one summary line per run
 # (greedy: wall/GPU ms, the HBM-floor ratio, the host's enqueue and the work after the graph per
 # batch), the tests' pass lines; logs come back as $OUT/ab.tgz.
@@ -24,6 +29,7 @@ dest=.devwork/ab
 rm -rf "$dest"
 source "$here/bundle.sh"
 bundle_binaries "$dest" "$new" "$@"
+cp "$here/ab_ncu.sh" "$dest/"
 # run.sh calls the new binary ./strata whatever its name here.
 [ "$(basename "$new")" = strata ] || mv "$dest/$(basename "$new")" "$dest/strata"
 runs="base new"
@@ -71,6 +77,12 @@ for r in \$(seq ${ROUNDS:-3}); do
     echo "\$v r\$r: \$(summary \$log)"
     clocks_stop
   done
+done
+source ./ab_ncu.sh
+for v in $runs; do
+  bin=./strata; [ \$v = base ] && bin=./strata_base; [ \$v = base ] || [ \$v = new ] || bin=./\$v
+  ${NCU:+ncu_times \$bin '$NCU'}
+  ${NCU_FULL:+ncu_full \$bin '${NCU_FULL%:*}' ${NCU_FULL##*:}}
 done
 for t in$tests; do
   s=\$(date +%s); timeout 280 ./\$t ${TEST_FILTER:+--gtest_filter='$TEST_FILTER'} > \$OUT/\$t.log 2>&1
