@@ -60,15 +60,14 @@ summary() {
   awk '\$2=="greedy" {g=1; printf "b%s %s/%s r%s", \$1, \$3, \$4, \$9; next}
        g && /host enqueue/ {gsub(/,/, ""); printf " (h%s t%s)  ", \$3, \$7; g=0}' "\$1"
 }
+# The binary of a run: base, new (and its variants), or a MIDS binary by its name.
+binary() { case \$1 in base) echo ./strata_base ;; new|--*|*=*) echo ./strata ;; *) echo "./\$1" ;; esac; }
 for r in \$(seq ${ROUNDS:-3}); do
   for v in $runs ${VARIANTS:-}; do
-    bin=./strata; envs=""; flags=""
+    bin=\$(binary \$v); envs=""; flags=""
     case \$v in
-      base) bin=./strata_base ;;
-      new) ;;
       --*) flags=\$v ;;
       *=*) envs=\$v ;;
-      *) bin=./\$v ;;
     esac
     log=\$OUT/dec_\${v//[^A-Za-z0-9_]/_}_\$r.log
     clocks_start \$OUT/clocks.csv
@@ -78,12 +77,14 @@ for r in \$(seq ${ROUNDS:-3}); do
     clocks_stop
   done
 done
+$([ -z "${NCU:-}${NCU_FULL:-}" ] || cat <<NCU
 source ./ab_ncu.sh
 for v in $runs; do
-  bin=./strata; [ \$v = base ] && bin=./strata_base; [ \$v = base ] || [ \$v = new ] || bin=./\$v
-  ${NCU:+ncu_times \$bin '$NCU'}
-  ${NCU_FULL:+ncu_full \$bin '${NCU_FULL%:*}' ${NCU_FULL##*:}}
+  ${NCU:+ncu_times \$(binary \$v) '$NCU'}
+  ${NCU_FULL:+ncu_full \$(binary \$v) '${NCU_FULL%:*}' ${NCU_FULL##*:}}
 done
+NCU
+)
 for t in$tests; do
   s=\$(date +%s); timeout 280 ./\$t ${TEST_FILTER:+--gtest_filter='$TEST_FILTER'} > \$OUT/\$t.log 2>&1
   echo "\$t rc=\$? \$(( \$(date +%s) - s )) s \$(grep -E '^\[  (PASSED|FAILED)' \$OUT/\$t.log | tr '\n' ' ')"
