@@ -148,30 +148,7 @@ absl::StatusOr<kernels::RmsNormMoeSum> MoeBlock::Forward(int64_t layer, const De
   // Up to 16 tokens the router aligns its own choices (its warp for one token, its block for
   // more): no alignment launch on the critical path of a few-row step.
   const bool router_aligns = path == Path::kDevice && n <= kernels::kMoeRouterAlignMaxTokens;
-  {
-    kernels::MoeRouterParams p;
-    p.num_tokens = static_cast<int>(n);
-    p.num_experts = static_cast<int>(ne);
-    p.top_k = static_cast<int>(k);
-    p.scoring = c_.scoring_func == model::ScoringFunc::kSoftmax ? kernels::MoeScoring::kSoftmax
-                                                                : kernels::MoeScoring::kSigmoid;
-    p.topk_method = c_.topk_method == model::TopkMethod::kGreedy
-                        ? kernels::MoeTopkMethod::kGreedy
-                        : (c_.topk_method == model::TopkMethod::kGroupLimitedGreedy
-                               ? kernels::MoeTopkMethod::kGroupLimitedGreedy
-                               : kernels::MoeTopkMethod::kNoauxTc);
-    p.n_group = static_cast<int>(c_.n_group);
-    p.topk_group = static_cast<int>(c_.topk_group);
-    p.normalize = c_.type == model::ModelType::kDeepseekV3 && c_.norm_topk_prob;
-    p.routed_scaling_factor = static_cast<float>(c_.routed_scaling_factor);
-    p.logits = router_logits_.as<float>();
-    p.ld_logits = ne;
-    p.bias = L.score_bias;
-    p.experts = experts_.as<int32_t>();
-    p.weights = weights_.as<float>();
-    if (router_aligns) p.align = Alignment(layer);
-    RETURN_IF_ERROR(kernels::LaunchMoeRouter(p, s_));
-  }
+  RETURN_IF_ERROR(Route(layer, L, n, router_aligns));
   const int64_t* token_slot;
   if (path != Path::kHost) {
     if (!router_aligns) RETURN_IF_ERROR(Align(layer, n));
@@ -192,6 +169,32 @@ absl::StatusOr<kernels::RmsNormMoeSum> MoeBlock::Forward(int64_t layer, const De
   out.shared = shared;
   out.ld_shared = h;
   return out;
+}
+
+absl::Status MoeBlock::Route(int64_t layer, const DeviceLayer& L, int64_t n, bool aligns) {
+  const int64_t ne = c_.n_routed_experts, k = c_.num_experts_per_tok;
+  kernels::MoeRouterParams p;
+  p.num_tokens = static_cast<int>(n);
+  p.num_experts = static_cast<int>(ne);
+  p.top_k = static_cast<int>(k);
+  p.scoring = c_.scoring_func == model::ScoringFunc::kSoftmax ? kernels::MoeScoring::kSoftmax
+                                                              : kernels::MoeScoring::kSigmoid;
+  p.topk_method = c_.topk_method == model::TopkMethod::kGreedy
+                      ? kernels::MoeTopkMethod::kGreedy
+                      : (c_.topk_method == model::TopkMethod::kGroupLimitedGreedy
+                             ? kernels::MoeTopkMethod::kGroupLimitedGreedy
+                             : kernels::MoeTopkMethod::kNoauxTc);
+  p.n_group = static_cast<int>(c_.n_group);
+  p.topk_group = static_cast<int>(c_.topk_group);
+  p.normalize = c_.type == model::ModelType::kDeepseekV3 && c_.norm_topk_prob;
+  p.routed_scaling_factor = static_cast<float>(c_.routed_scaling_factor);
+  p.logits = router_logits_.as<float>();
+  p.ld_logits = ne;
+  p.bias = L.score_bias;
+  p.experts = experts_.as<int32_t>();
+  p.weights = weights_.as<float>();
+  if (aligns) p.align = Alignment(layer);
+  return kernels::LaunchMoeRouter(p, s_);
 }
 
 absl::Status MoeBlock::Align(int64_t layer, int64_t n) {

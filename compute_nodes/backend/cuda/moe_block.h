@@ -68,6 +68,9 @@ class MoeBlock {
   absl::StatusOr<int64_t> FinishStep();
 
  private:
+  // The router over the layer's logits; with `aligns` (up to kMoeRouterAlignMaxTokens tokens) it
+  // also writes the alignment arrays, so no alignment launch follows.
+  absl::Status Route(int64_t layer, const DeviceLayer& L, int64_t n, bool aligns);
   absl::Status RouteOnDevice(int64_t layer, const DeviceLayer& L, const __nv_bfloat16* xn,
                              int64_t n);
   absl::Status Align(int64_t layer, int64_t n);
