@@ -15,7 +15,9 @@
 # NCU: a kernel-name regex; after the rounds, every binary's batch-1 step runs under Nsight
 # Compute and the mean time of each matching kernel (per grid) is printed (ab_ncu.sh).
 # NCU_FULL: REGEX:SKIP, the full section set for one launch of each binary, the one after SKIP
-# matching launches (e.g. "MoeExperts:2" = layer 0's dense gate|up): headline figures printed,
+# matching launches, e.g. "MoeExperts:11" (the MoeExperts launches of a v2-lite step: 0-4 layer
+# 0's q|kv_a, q.W_UK, o_proj, dense gate|up and down; 5-12 layer 1's q|kv_a, q.W_UK, o_proj,
+# router logits, shared gate|up and down, routed gate|up and down). Headline figures printed;
 # the report and its per-instruction stall table in the logs.
 # The new binary may have any name (it runs as ./strata). Output: one summary line per run
 # (greedy: wall/GPU ms, the HBM-floor ratio, the host's enqueue and the work after the graph per
