@@ -27,7 +27,10 @@ constexpr int kWarps = 8;
 constexpr int kThreads = kWarps * 32;
 constexpr int kStepK = 64;  // 4 lanes x 2 vectors x 8 elements
 
-// kDepth: reduction steps whose loads a warp issues before their MMAs (bytes in flight).
+// kDepth: reduction steps whose loads a warp issues before their MMAs (bytes in flight). At depth
+// 4 the SASS issues them in two halves: the third step's row address is recomputed from constant
+// loads that wait on the first steps' weight loads. All four at once (the row pointers held in
+// registers) made the gate|up grids slower, so that throttle is relied on (docs/decode-notes.md).
 // kEarly (down kernels, p.weights_static): the expert and the weights of the first pass are read
 // before the programmatic-launch wait, while the kernel before this one still runs; the token
 // rows only after it. This kernel is launched once every block of the one before has passed its
