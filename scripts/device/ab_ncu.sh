@@ -6,7 +6,8 @@ ab_ncu_bin() { command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null
 
 # ncu_times BIN REGEX: the mean GPU time (ns) of every kernel matching REGEX, one line per
 # kernel name and grid (the same kernel runs with several grids: the dense, shared and routed
-# experts, for example).
+# experts, for example), with the index of its first launch among the matching ones: the SKIP
+# that makes ncu_full with the same regex profile that launch.
 ncu_times() {
   local bin=$1 regex=$2 name=${1#./} csv
   csv=$OUT/ncu_times_$name.csv
@@ -16,9 +17,12 @@ ncu_times() {
   echo "ncu times $name rc=$?"
   awk -F'","' '/gpu__time_duration/ {
       k = $5; sub(/\(.*/, "", k); sub(/^[^<]*::/, "", k); k = k " grid " $9; v = $NF; gsub(/[",]/, "", v)
-      s[k] += v; n[k]++
+      if (!(k in n)) first[k] = launches
+      s[k] += v; n[k]++; launches++
     }
-    END { for (k in s) printf "  %-60s n=%-3d %8.0f ns\n", k, n[k], s[k] / n[k] }' "$csv" | sort
+    END {
+      for (k in s) printf "  %-60s n=%-3d first=%-3d %8.0f ns\n", k, n[k], first[k], s[k] / n[k]
+    }' "$csv" | sort
 }
 
 # ncu_full BIN REGEX SKIP: the full section set for one launch (the one after SKIP launches that
