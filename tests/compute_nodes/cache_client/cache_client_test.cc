@@ -1,161 +1,35 @@
 // The cache client against a real cache server in this process (gRPC on loopback, data over tcp
-// or shm): round trips, partial hits, duplicates, foreign and corrupt blocks, a dead server, a
-// full cache and the write-behind queue.
+// or shm): round trips, partial hits, duplicates, runs and reads in place, foreign and corrupt
+// blocks, metrics and timeouts. Restarts, a dead server, the write-behind queue and a full cache
+// are in cache_client_failure_test.cc.
 #include "compute_nodes/cache_client/cache_client.h"
 
 #include <gtest/gtest.h>
-#include <unistd.h>
 
-#include <atomic>
-#include <chrono>
 #include <cstring>
-#include <filesystem>
 #include <memory>
-#include <thread>
+#include <span>
+#include <string>
+#include <vector>
 
 #include "cache_service/cache_server.h"
-#include "common/checksum.h"
 #include "common/metrics.h"
 #include "common/strings.h"
+#include "tests/compute_nodes/cache_client/cache_client_test_util.h"
 #include "transfer/fault/fault_transport.h"
 
 namespace strata::cache_client {
 namespace {
 
+using testing_util::CacheClientTest;
+using testing_util::Chain;
+using testing_util::ExpectPayloads;
+using testing_util::InPlace;
+using testing_util::Layout;
+using testing_util::MakeChain;
+using testing_util::Ns;
+using testing_util::Prefix;
 using transfer::TransportKind;
-
-constexpr char kHost[] = "host-1";
-constexpr char kSecret[] = "cluster-secret";
-
-// bf16, 2 layers, 16 tokens, rank 32, rope 16: 3,072 payload bytes, 3,248 stored bytes.
-BlockLayout Layout() {
-  return {.codec = KvCodec::kBf16,
-          .n_layers = 2,
-          .block_tokens = 16,
-          .kv_lora_rank = 32,
-          .rope_dim = 16};
-}
-
-Namespace Ns(const std::string& salt) {
-  return MakeNamespace({}, {.codec = KvCodec::kBf16, .block_tokens = 16}, salt);
-}
-
-std::string FreshDir(const std::string& name) {
-  static std::atomic<int> counter{0};
-  const std::string dir = ::testing::TempDir() + "/cache-client-" + name + "-" +
-                          std::to_string(getpid()) + "-" + std::to_string(counter++);
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir;
-}
-
-// `n` blocks of tokens picked by `seed`.
-std::vector<uint32_t> Tokens(size_t n, uint32_t seed) {
-  std::vector<uint32_t> t(n * Layout().block_tokens);
-  for (size_t i = 0; i < t.size(); ++i) t[i] = seed * 7919u + static_cast<uint32_t>(i);
-  return t;
-}
-
-// Payload bytes determined by the key, so any mix-up shows.
-std::vector<uint8_t> Payload(const BlockKey& key) {
-  std::vector<uint8_t> out(Layout().PayloadBytes());
-  uint64_t state = Checksum64(key.View());
-  for (size_t i = 0; i < out.size(); i += 8) {
-    state = state * 6364136223846793005ull + 1442695040888963407ull;
-    std::memcpy(out.data() + i, &state, std::min<size_t>(8, out.size() - i));
-  }
-  return out;
-}
-
-struct Chain {
-  std::vector<uint32_t> tokens;
-  std::vector<BlockKey> keys;
-  std::vector<BlockToSave> blocks;
-};
-
-Chain MakeChain(const Namespace& ns, size_t n, uint32_t seed) {
-  Chain c;
-  c.tokens = Tokens(n, seed);
-  c.keys = ComputeBlockKeys(ns, c.tokens, Layout().block_tokens);
-  for (size_t i = 0; i < n; ++i) {
-    const auto* t = c.tokens.data() + i * Layout().block_tokens;
-    c.blocks.push_back({.key = c.keys[i],
-                        .parent = i == 0 ? BlockKey{} : c.keys[i - 1],
-                        .tokens = std::vector<uint32_t>(t, t + Layout().block_tokens)});
-    c.blocks.back().OwnPayload(Payload(c.keys[i]));
-  }
-  return c;
-}
-
-std::vector<BlockToSave> Prefix(const Chain& c, size_t n) {
-  return {c.blocks.begin(), c.blocks.begin() + static_cast<std::ptrdiff_t>(n)};
-}
-
-cache::CacheServerOptions ServerOptions(const std::string& name, uint32_t dram_slots) {
-  cache::CacheServerOptions o;
-  o.store.server_id = "srv-" + name;
-  o.store.data_dir = FreshDir(name);
-  o.store.slot_bytes = 4096;
-  o.store.dram_capacity_bytes = uint64_t{dram_slots} * 4096;
-  o.http_listen = "";
-  o.host_id = kHost;
-  o.cluster_secret = kSecret;
-  o.shm_socket_path = o.store.data_dir + "/shm.sock";
-  return o;
-}
-
-class CacheClientTest : public ::testing::Test {
- protected:
-  void SetUp() override { StartServer(256); }
-  void TearDown() override {
-    if (server_) server_->Shutdown();
-  }
-
-  void StartServer(uint32_t dram_slots) { StartServer(ServerOptions("s", dram_slots)); }
-  void StartServer(const cache::CacheServerOptions& options) {
-    if (server_) server_->Shutdown();
-    server_.reset();  // a restart on the same data_dir needs the index closed first
-    server_ = std::make_unique<cache::CacheServer>(options);
-    ASSERT_TRUE(server_->Start().ok());
-  }
-
-  CacheClientOptions Options(TransportKind kind = TransportKind::kTcp) {
-    return {.address = "127.0.0.1:" + std::to_string(server_->grpc_port()),
-            .client_id = "worker-1",
-            .host_id = kHost,
-            .cluster_secret = kSecret,
-            .force_transport = kind,
-            .wrap_transport = nullptr,
-            .rpc_timeout = absl::Seconds(3),
-            .transfer_timeout = absl::Seconds(10)};
-  }
-
-  std::unique_ptr<CacheClient> Connect(CacheClientOptions o) {
-    auto client = CacheClient::Connect(std::move(o));
-    EXPECT_TRUE(client.ok()) << client.status();
-    return client.ok() ? std::move(*client) : nullptr;
-  }
-
-  uint64_t ActiveLeases() {
-    v1::GetStatsResponse stats;
-    server_->store().GetStats(&stats);
-    return stats.active_leases();
-  }
-
-  FetchResult FetchChain(CacheClient& client, const Namespace& ns, const Chain& c) {
-    return client.Fetch(ns, c.keys, c.tokens, Layout(), "req");
-  }
-
-  std::unique_ptr<cache::CacheServer> server_;
-};
-
-void ExpectPayloads(const FetchResult& r, const Chain& c, size_t n, HitTier tier = HitTier::kDram) {
-  ASSERT_EQ(r.blocks.size(), n);
-  for (size_t i = 0; i < n; ++i) {
-    EXPECT_TRUE(std::ranges::equal(r.blocks[i].payload, c.blocks[i].payload)) << "block " << i;
-    EXPECT_EQ(r.blocks[i].tier, tier);
-  }
-}
 
 TEST_F(CacheClientTest, SaveThenFetchRoundTripsOverTcpAndShm) {
   for (const TransportKind kind : {TransportKind::kTcp, TransportKind::kShm}) {
@@ -403,25 +277,6 @@ TEST_F(CacheClientTest, FetchHandsOverRunsOfBlocksInOrder) {
   }
 }
 
-// Records the region offered for reads in place and answers `take`.
-struct InPlace {
-  bool take = true;
-  int asked = 0;
-  std::span<const uint8_t> region;
-  InPlaceFn Fn() {
-    return [this](std::span<const uint8_t> r, const std::shared_ptr<const void>& owner) {
-      ++asked;
-      region = r;
-      EXPECT_NE(owner, nullptr);
-      return take;
-    };
-  }
-  bool Holds(std::span<const uint8_t> bytes) const {
-    return bytes.data() >= region.data() &&
-           bytes.data() + bytes.size() <= region.data() + region.size();
-  }
-};
-
 // strata_cache_client_in_place_blocks_total (registering an existing family again returns it).
 double InPlaceBlocks() {
   return MetricsRegistry::Default()
@@ -638,239 +493,6 @@ TEST_F(CacheClientTest, ReadsThatNeverCompleteEndAtTheTransferTimeout) {
   EXPECT_TRUE(r.blocks.empty());
   EXPECT_TRUE(absl::IsDeadlineExceeded(r.first_failure)) << r.first_failure;
   EXPECT_EQ(ActiveLeases(), 0u);
-}
-
-TEST_F(CacheClientTest, BlocksOnSsdAfterARestartArePromotedAndReadBack) {
-  cache::CacheServerOptions o = ServerOptions("ssd", 64);
-  o.store.ssd_capacity_bytes = 64 * 4096;
-  StartServer(o);
-  const Namespace ns = Ns("ssd");
-  const Chain c = MakeChain(ns, 3, 15);
-  {
-    auto client = Connect(Options());
-    ASSERT_NE(client, nullptr);
-    absl::StatusOr<SaveResult> saved = client->Save(ns, "t", Layout(), c.blocks, "req");
-    ASSERT_TRUE(saved.ok()) << saved.status();
-    ASSERT_EQ(saved->stored, 3);
-  }
-  // DRAM residency does not survive a restart; the SSD copies do.
-  StartServer(o);
-  auto client = Connect(Options(TransportKind::kShm));
-  ASSERT_NE(client, nullptr);
-  const FetchResult r = FetchChain(*client, ns, c);
-  EXPECT_EQ(r.hit_blocks, 3);
-  EXPECT_TRUE(r.first_failure.ok()) << r.first_failure;
-  // Lookup(promote) copies SSD hits to DRAM and serves them from there; they count as SSD hits.
-  ExpectPayloads(r, c, 3, HitTier::kSsd);
-  EXPECT_EQ(ActiveLeases(), 0u);
-  // Now in DRAM: the next fetch is a DRAM hit.
-  ExpectPayloads(FetchChain(*client, ns, c), c, 3, HitTier::kDram);
-}
-
-TEST_F(CacheClientTest, AClientFindsARestartedServerAgain) {
-  for (const TransportKind kind : {TransportKind::kTcp, TransportKind::kShm}) {
-    const std::string name(transfer::TransportKindName(kind));
-    SCOPED_TRACE(name);
-    cache::CacheServerOptions o = ServerOptions("restart-" + name, 256);
-    StartServer(o);
-    auto client = Connect(Options(kind));
-    ASSERT_NE(client, nullptr);
-    const Namespace ns = Ns("restart-" + name);
-    ASSERT_TRUE(client->Save(ns, "t", Layout(), MakeChain(ns, 2, 20).blocks, "req").ok());
-
-    // Same gRPC address; new transfer ports and a new DRAM arena.
-    o.listen = "127.0.0.1:" + std::to_string(server_->grpc_port());
-    StartServer(o);
-    const Chain c = MakeChain(ns, 2, 21);
-    // The first calls may fail while the client notices; bounded retries, no timing asserted.
-    bool round_trip = false;
-    for (int attempt = 0; attempt < 30 && !round_trip; ++attempt) {
-      absl::StatusOr<SaveResult> saved = client->Save(ns, "t", Layout(), c.blocks, "req");
-      if (saved.ok() && saved->stored + saved->present == 2) {
-        const FetchResult r = FetchChain(*client, ns, c);
-        round_trip = r.blocks.size() == 2 &&
-                     std::ranges::equal(r.blocks[0].payload, c.blocks[0].payload) &&
-                     std::ranges::equal(r.blocks[1].payload, c.blocks[1].payload);
-      }
-      if (!round_trip) std::this_thread::sleep_for(std::chrono::milliseconds(300));
-    }
-    EXPECT_TRUE(round_trip);
-    EXPECT_EQ(client->transport(), kind);
-  }
-}
-
-// A fetch in place through a data path gone stale (the old arena is still mapped) finds the
-// restarted server's new arena and reads there.
-TEST_F(CacheClientTest, AFetchInPlaceFindsTheRestartedServersArena) {
-  cache::CacheServerOptions o = ServerOptions("restart-in-place", 256);
-  StartServer(o);
-  auto client = Connect(Options(TransportKind::kShm));
-  ASSERT_NE(client, nullptr);
-  const Namespace ns = Ns("restart-in-place");
-  const Chain before = MakeChain(ns, 2, 60);
-  ASSERT_TRUE(client->Save(ns, "t", Layout(), before.blocks, "req").ok());
-  InPlace first;
-  ASSERT_EQ(client->Fetch(ns, before.keys, before.tokens, Layout(), "req", {.in_place = first.Fn()})
-                .blocks.size(),
-            2u);
-
-  o.listen = "127.0.0.1:" + std::to_string(server_->grpc_port());
-  StartServer(o);
-  const Chain c = MakeChain(ns, 3, 61);
-  {
-    auto other = Connect(Options(TransportKind::kShm));  // stores the blocks; `client` is stale
-    ASSERT_NE(other, nullptr);
-    ASSERT_TRUE(other->Save(ns, "t", Layout(), c.blocks, "req").ok());
-  }
-  InPlace again;
-  bool equal = true;
-  const FetchResult r = client->Fetch(
-      ns, c.keys, c.tokens, Layout(), "req",
-      {.on_blocks =
-           [&](size_t first_block, std::span<const FetchedBlock> blocks) {
-             for (size_t i = 0; i < blocks.size(); ++i) {
-               equal &= std::ranges::equal(blocks[i].payload, c.blocks[first_block + i].payload);
-             }
-             return true;
-           },
-       .in_place = again.Fn()});
-  EXPECT_TRUE(r.first_failure.ok()) << r.first_failure;
-  EXPECT_EQ(r.blocks.size(), 3u);
-  EXPECT_TRUE(equal);
-  EXPECT_NE(r.mapping, nullptr);
-  EXPECT_EQ(again.asked, 2);  // the old arena, then the new one (maybe at the same address)
-}
-
-TEST_F(CacheClientTest, ADeadServerEndsFetchesAndFailsSaves) {
-  CacheClientOptions o = Options();
-  o.rpc_timeout = absl::Seconds(2);
-  o.transfer_timeout = absl::Seconds(2);
-  auto client = Connect(o);
-  ASSERT_NE(client, nullptr);
-  const Namespace ns = Ns("dead");
-  const Chain c = MakeChain(ns, 3, 10);
-  ASSERT_TRUE(client->Save(ns, "t", Layout(), c.blocks, "req").ok());
-  server_->Shutdown();
-
-  const auto start = std::chrono::steady_clock::now();
-  const FetchResult r = FetchChain(*client, ns, c);
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  EXPECT_TRUE(r.blocks.empty());
-  EXPECT_TRUE(absl::IsUnavailable(r.first_failure) || absl::IsDeadlineExceeded(r.first_failure))
-      << r.first_failure;
-  // Bounded by the RPC and transfer timeouts, with generous slack for a loaded machine.
-  EXPECT_LT(seconds, 30.0);
-
-  absl::StatusOr<SaveResult> saved =
-      client->Save(ns, "t", Layout(), MakeChain(ns, 2, 11).blocks, "req");
-  EXPECT_FALSE(saved.ok());
-  std::atomic<int> calls{0};
-  absl::Status async_status;
-  client->SaveAsync(ns, "t", Layout(), MakeChain(ns, 2, 12).blocks, "req",
-                    [&](absl::StatusOr<SaveResult> result) {
-                      async_status = result.status();
-                      calls.fetch_add(1);
-                    });
-  client->FlushSaves();
-  EXPECT_EQ(calls.load(), 1);
-  EXPECT_FALSE(async_status.ok());
-}
-
-TEST(CacheClientConnectTest, UnreachableServerIsUnavailableAndNamesTheAddress) {
-  CacheClientOptions o;
-  o.address = "127.0.0.1:1";
-  o.client_id = "w";
-  o.host_id = kHost;
-  o.rpc_timeout = absl::Seconds(2);
-  auto client = CacheClient::Connect(o);
-  ASSERT_FALSE(client.ok());
-  EXPECT_TRUE(absl::IsUnavailable(client.status())) << client.status();
-  EXPECT_NE(client.status().message().find("127.0.0.1:1"), absl::string_view::npos);
-}
-
-TEST_F(CacheClientTest, SaveAsyncCompletesEveryBatchWithinTheByteBound) {
-  constexpr int kThreads = 2;
-  constexpr int kBatchesPerThread = 12;
-  constexpr int kBlocks = 2;
-  const uint64_t batch_bytes = kBlocks * (Layout().PayloadBytes() + 4ull * Layout().block_tokens);
-  // Smaller than one batch (batches go one at a time, none deadlocks), then room for two and a
-  // half (callers and the save thread overlap).
-  for (const uint64_t bound : {uint64_t{1000}, batch_bytes * 5 / 2}) {
-    SCOPED_TRACE(bound);
-    CacheClientOptions o = Options(TransportKind::kShm);
-    o.max_pending_save_bytes = bound;
-    auto client = Connect(o);
-    ASSERT_NE(client, nullptr);
-    const Namespace ns = Ns(StrCat("async-", bound));
-    std::vector<Chain> chains;
-    for (int i = 0; i < kThreads * kBatchesPerThread; ++i) {
-      chains.push_back(MakeChain(ns, kBlocks, 100 + i));
-    }
-    std::vector<std::atomic<int>> calls(chains.size());
-    std::vector<std::atomic<int64_t>> stored(chains.size());
-    std::atomic<uint64_t> max_pending{0};
-    auto observe_pending = [&] {
-      const uint64_t p = client->pending_save_bytes();
-      uint64_t seen = max_pending.load();
-      while (p > seen && !max_pending.compare_exchange_weak(seen, p)) {
-      }
-    };
-    std::vector<std::thread> threads;
-    for (int t = 0; t < kThreads; ++t) {
-      threads.emplace_back([&, t] {
-        for (int b = 0; b < kBatchesPerThread; ++b) {
-          const size_t i = t * kBatchesPerThread + b;
-          client->SaveAsync(ns, "t", Layout(), chains[i].blocks, "req",
-                            [&, i](absl::StatusOr<SaveResult> r) {
-                              calls[i].fetch_add(1);
-                              stored[i].store(r.ok() ? r->stored : -1);
-                              observe_pending();
-                            });
-          observe_pending();
-        }
-      });
-    }
-    for (auto& th : threads) th.join();
-    client->FlushSaves();
-    EXPECT_EQ(client->pending_save_bytes(), 0u);
-    for (size_t i = 0; i < chains.size(); ++i) {
-      EXPECT_EQ(calls[i].load(), 1) << "batch " << i;
-      EXPECT_EQ(stored[i].load(), kBlocks) << "batch " << i;
-    }
-    EXPECT_LE(max_pending.load(), std::max(bound, batch_bytes));
-    for (const Chain& c : chains) ExpectPayloads(FetchChain(*client, ns, c), c, kBlocks);
-
-    // The destructor drains what is still queued.
-    std::atomic<int> late{0};
-    for (int i = 0; i < 4; ++i) {
-      client->SaveAsync(ns, "t", Layout(), MakeChain(ns, 1, 500 + i).blocks, "req",
-                        [&](absl::StatusOr<SaveResult> r) { late.fetch_add(r.ok() ? 1 : 100); });
-    }
-    client.reset();
-    EXPECT_EQ(late.load(), 4);
-  }
-}
-
-TEST_F(CacheClientTest, AFullCacheRefusesSomeBlocksAndStoresTheRest) {
-  StartServer(4);
-  auto client = Connect(Options());
-  ASSERT_NE(client, nullptr);
-  const Namespace ns = Ns("full");
-  const Chain c = MakeChain(ns, 8, 13);
-  absl::StatusOr<SaveResult> saved = client->Save(ns, "t", Layout(), c.blocks, "req");
-  ASSERT_TRUE(saved.ok()) << saved.status();
-  EXPECT_GT(saved->failed, 0);
-  EXPECT_GT(saved->stored, 0);
-  EXPECT_EQ(saved->stored + saved->failed, 8);
-  EXPECT_TRUE(absl::IsResourceExhausted(saved->first_error)) << saved->first_error;
-  ASSERT_EQ(saved->keys_in_cache.size(), static_cast<size_t>(saved->stored));
-  EXPECT_EQ(saved->keys_in_cache[0], c.keys[0]);
-  EXPECT_EQ(ActiveLeases(), 0u);
-  // Whatever prefix is still resident reads back intact.
-  const FetchResult r = FetchChain(*client, ns, c);
-  EXPECT_TRUE(r.first_failure.ok()) << r.first_failure;
-  ExpectPayloads(r, c, r.blocks.size());
 }
 
 }  // namespace
