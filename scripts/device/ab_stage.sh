@@ -18,8 +18,8 @@
 # matching launches, e.g. "MoeExperts:11" (the MoeExperts launches of a v2-lite step: 0-4 layer
 # 0's q|kv_a, q.W_UK, o_proj, dense gate|up and down; 5-12 layer 1's q|kv_a, q.W_UK, o_proj,
 # router logits, shared gate|up and down, routed gate|up and down; NCU's first= column gives
-# these for any regex). Headline figures printed;
-# the report and its per-instruction stall table in the logs.
+# these for any regex). Headline figures printed; the report and its per-instruction stall
+# table in the logs.
 # The new binary may have any name (it runs as ./strata). Output: one summary line per run
 # (greedy: wall/GPU ms, the HBM-floor ratio, the host's enqueue and the work after the graph per
 # batch), the tests' pass lines; logs come back as $OUT/ab.tgz.
