@@ -184,7 +184,7 @@ timeout $(upto 40) ./strata bench kernels --only sample --iters 20 \
   --json $OUT/bench_sample.json > $OUT/bench_sample.log 2>&1
 echo "bench kernels --only sample rc=$? at $(( $(date +%s) - start )) s"
 grep -E "^102400 " $OUT/bench_sample.log | head -6
-# A grid barrier against the kernel boundary it would replace (docs/benchmarks.md).
+# A grid barrier against the kernel boundary it would replace (docs/gpu-benchmarks.md).
 timeout $(upto 20) ./strata bench kernels --only barrier --iters 20 \
   --json $OUT/bench_barrier.json > $OUT/bench_barrier.log 2>&1
 echo "bench kernels --only barrier rc=$? at $(( $(date +%s) - start )) s"

@@ -21,7 +21,7 @@
 // 6.3-14.5x slower beside a zero-copy load of 64 blocks, 1.06-1.07x beside the same load by the
 // copy engine (`strata bench decode --concurrent-loads 64`). Alone, 64 back-to-back payloads
 // moved 4.5-5.9 % faster by the copy engine; payloads scattered 4 KiB apart about as fast or up
-// to ~15 % slower (a copy each). docs/benchmarks.md has the runs.
+// to ~15 % slower (a copy each). docs/gpu-benchmarks.md has the runs.
 // Any other payload (ordinary memory, or fp32, which is widened/rounded on the host) goes through
 // one of two sets of pinned host staging slots, which the host fills or drains (on up to 8
 // threads) while the other set moves.
