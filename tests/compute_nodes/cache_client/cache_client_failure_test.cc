@@ -12,18 +12,9 @@
 #include "compute_nodes/cache_client/cache_client.h"
 #include "tests/compute_nodes/cache_client/cache_client_test_util.h"
 
-namespace strata::cache_client {
+namespace strata::cache_client::testing_util {
 namespace {
 
-using testing_util::CacheClientTest;
-using testing_util::Chain;
-using testing_util::ExpectPayloads;
-using testing_util::InPlace;
-using testing_util::kHost;
-using testing_util::Layout;
-using testing_util::MakeChain;
-using testing_util::Ns;
-using testing_util::ServerOptions;
 using transfer::TransportKind;
 
 TEST_F(CacheClientTest, BlocksOnSsdAfterARestartArePromotedAndReadBack) {
@@ -260,4 +251,4 @@ TEST_F(CacheClientTest, AFullCacheRefusesSomeBlocksAndStoresTheRest) {
 }
 
 }  // namespace
-}  // namespace strata::cache_client
+}  // namespace strata::cache_client::testing_util

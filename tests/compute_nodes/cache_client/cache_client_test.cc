@@ -18,17 +18,9 @@
 #include "tests/compute_nodes/cache_client/cache_client_test_util.h"
 #include "transfer/fault/fault_transport.h"
 
-namespace strata::cache_client {
+namespace strata::cache_client::testing_util {
 namespace {
 
-using testing_util::CacheClientTest;
-using testing_util::Chain;
-using testing_util::ExpectPayloads;
-using testing_util::InPlace;
-using testing_util::Layout;
-using testing_util::MakeChain;
-using testing_util::Ns;
-using testing_util::Prefix;
 using transfer::TransportKind;
 
 TEST_F(CacheClientTest, SaveThenFetchRoundTripsOverTcpAndShm) {
@@ -496,4 +488,4 @@ TEST_F(CacheClientTest, ReadsThatNeverCompleteEndAtTheTransferTimeout) {
 }
 
 }  // namespace
-}  // namespace strata::cache_client
+}  // namespace strata::cache_client::testing_util
