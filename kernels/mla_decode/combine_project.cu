@@ -58,34 +58,53 @@ __global__ void __launch_bounds__(kThreads) MlaCombineProjectKernel(MlaCombinePr
           p.o_lat + (static_cast<int64_t>(b) * h_q + h) * kMlaValueDim)[threadIdx.x];
     }
   } else {
+    // Half j of the block sums splits j, j + 2, ... of float4 column `col`. The first
+    // kFirst of each half's splits are read before their weights are known, so that their L2
+    // round trip and the lse's overlap; a split of weight 0 (empty: its partial may hold anything)
+    // is replaced by zeros after the load instead of not being read.
+    constexpr int kFirst = 16;
+    const int half = threadIdx.x / kColumns, col = threadIdx.x % kColumns;
+    const float4* o = reinterpret_cast<const float4*>(p.o_accum) +
+                      (static_cast<int64_t>(b) * ns * h_q + h) * kColumns + col;
+    const int64_t split_stride = static_cast<int64_t>(h_q) * kColumns;
+    const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
+    float4 first[kFirst];
+#pragma unroll
+    for (int k = 0; k < kFirst; ++k) {
+      const int s = half + 2 * k;
+      first[k] = s < ns ? o[s * split_stride] : zero;
+    }
     // The splits' weights e^(lse_s - lse) (warp 0; lanes over splits), as the combine kernel.
     if (threadIdx.x < 32) {
       (void)mla_detail::MergeSplitWeights(p.lse_accum + static_cast<int64_t>(b) * ns * h_q + h, h_q,
                                           ns, threadIdx.x, weight);
     }
     __syncthreads();
-    // Half j of the block sums splits j, j + 2, ... of float4 column `col`, 8 loads in flight.
-    const int half = threadIdx.x / kColumns, col = threadIdx.x % kColumns;
-    const float4* o = reinterpret_cast<const float4*>(p.o_accum) +
-                      (static_cast<int64_t>(b) * ns * h_q + h) * kColumns + col;
-    const int64_t split_stride = static_cast<int64_t>(h_q) * kColumns;
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int s0 = half; s0 < ns; s0 += 16) {
+    float4 acc = zero;
+    auto add = [&acc](float w, float4 v) {
+      acc.x = fmaf(w, v.x, acc.x);
+      acc.y = fmaf(w, v.y, acc.y);
+      acc.z = fmaf(w, v.z, acc.z);
+      acc.w = fmaf(w, v.w, acc.w);
+    };
+#pragma unroll
+    for (int k = 0; k < kFirst; ++k) {
+      const int s = half + 2 * k;
+      const float w = s < ns ? weight[s] : 0.f;
+      add(w, w != 0.f ? first[k] : zero);
+    }
+    // Splits past 2 * kFirst, 8 loads in flight, only those of nonzero weight read.
+    for (int s0 = half + 2 * kFirst; s0 < ns; s0 += 16) {
       float4 v[8];
       float ws[8];
 #pragma unroll
       for (int k = 0; k < 8; ++k) {
         const int s = s0 + 2 * k;
         ws[k] = s < ns ? weight[s] : 0.f;
-        v[k] = ws[k] != 0.f ? o[s * split_stride] : make_float4(0.f, 0.f, 0.f, 0.f);
+        v[k] = ws[k] != 0.f ? o[s * split_stride] : zero;
       }
 #pragma unroll
-      for (int k = 0; k < 8; ++k) {
-        acc.x = fmaf(ws[k], v[k].x, acc.x);
-        acc.y = fmaf(ws[k], v[k].y, acc.y);
-        acc.z = fmaf(ws[k], v[k].z, acc.z);
-        acc.w = fmaf(ws[k], v[k].w, acc.w);
-      }
+      for (int k = 0; k < 8; ++k) add(ws[k], v[k]);
     }
     if (half == 1) half_sum[col] = acc;
     __syncthreads();

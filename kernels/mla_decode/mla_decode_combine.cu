@@ -12,7 +12,9 @@ namespace mla_detail {
 // splits w, w + 8, ... for all 512 columns (lane: 4 float4 of columns, two splits' loads in flight
 // together), and the warps' partial sums are added in shared memory in warp order. At batch 1
 // one block had walked all splits for its 4 columns per thread, the lse loops included, serially
-// (~7.4 us for 32 splits of 16 heads on the H200). Empty splits (weight 0) are not read.
+// (~7.4 us for 32 splits of 16 heads on the H200). Each warp's first two splits are read before
+// the weights are known (their L2 round trip overlaps the lse's), and dropped if empty (weight 0:
+// the partial may hold anything); later empty splits are not read.
 
 __global__ void __launch_bounds__(kCombineThreads) MlaDecodeCombineKernel(MlaDecodeParams p) {
   __shared__ float weight[kMlaMaxSplits];
@@ -21,18 +23,31 @@ __global__ void __launch_bounds__(kCombineThreads) MlaDecodeCombineKernel(MlaDec
   PdlGridSync();
   const int head = blockIdx.x, b = blockIdx.y, h_q = p.num_heads_q, ns = p.num_splits;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const float4* base = reinterpret_cast<const float4*>(
+      p.o_accum + (static_cast<size_t>(b) * ns * h_q + head) * kMlaValueDim);
+  const size_t split_stride = static_cast<size_t>(h_q) * kMlaValueDim / 4;  // in float4
+  const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
+  // Splits s and t = s + kCombineWarps of one step into vs and vt (zeros past ns, or where
+  // `read` says no).
+  auto load = [&](int s, bool read_s, bool read_t, float4(&vs)[4], float4(&vt)[4]) {
+    const int t = s + kCombineWarps;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      vs[j] = read_s && s < ns ? base[s * split_stride + lane + 32 * j] : zero;
+      vt[j] = read_t && t < ns ? base[t * split_stride + lane + 32 * j] : zero;
+    }
+  };
+  float4 vs[4], vt[4];
+  load(warp, true, true, vs, vt);  // the first step, before the weights
   if (warp == 0) {
     const float lse = MergeSplitWeights(p.lse_accum + static_cast<size_t>(b) * ns * h_q + head, h_q,
                                         ns, lane, weight);
     if (lane == 0) merged_lse = lse;
   }
   __syncthreads();
-  const float4* base = reinterpret_cast<const float4*>(
-      p.o_accum + (static_cast<size_t>(b) * ns * h_q + head) * kMlaValueDim);
-  const size_t split_stride = static_cast<size_t>(h_q) * kMlaValueDim / 4;  // in float4
   float4 acc[4];
 #pragma unroll
-  for (int j = 0; j < 4; ++j) acc[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int j = 0; j < 4; ++j) acc[j] = zero;
   auto add = [&](float w, const float4(&v)[4]) {
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
@@ -45,13 +60,7 @@ __global__ void __launch_bounds__(kCombineThreads) MlaDecodeCombineKernel(MlaDec
   for (int s = warp; s < ns; s += 2 * kCombineWarps) {
     const int t = s + kCombineWarps;
     const float ws = weight[s], wt = t < ns ? weight[t] : 0.f;
-    float4 vs[4], vt[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
-      vs[j] = ws != 0.f ? base[s * split_stride + lane + 32 * j] : zero;
-      vt[j] = wt != 0.f ? base[t * split_stride + lane + 32 * j] : zero;
-    }
+    if (s != warp) load(s, ws != 0.f, wt != 0.f, vs, vt);
     if (ws != 0.f) add(ws, vs);
     if (wt != 0.f) add(wt, vt);
   }
