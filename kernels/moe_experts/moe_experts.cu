@@ -50,8 +50,11 @@ __global__ void __launch_bounds__(kThreads, 2) MoeExpertsKernel(MoeExpertsParams
   if constexpr (!kEarly) PdlGridSync();
   int e = 0, count = p.num_tokens, first = 0;
   if (!p.identity) {
-    if (static_cast<int>(blockIdx.y) >= *p.num_active) return;
+    // Both reads at once (one L2 round trip, not two): `active` has num_experts >= max_active
+    // entries, so the row past *num_active is in bounds, and not used.
+    const int num_active = *p.num_active;
     e = p.active[blockIdx.y];
+    if (static_cast<int>(blockIdx.y) >= num_active) return;
     count = p.expert_count[e];
     first = p.expert_offset[e];
   }
@@ -132,7 +135,8 @@ __global__ void __launch_bounds__(kThreads, 2) MoeExpertsKernel(MoeExpertsParams
       if (kNorm) {
         xrow[nt] = formed;
       } else if (kGateUp) {
-        const int64_t token = p.identity ? slot : p.slot_token[slot];
+        // One token: every slot is token 0 (no slot_token read on the way to the row).
+        const int64_t token = p.identity ? slot : p.num_tokens == 1 ? 0 : p.slot_token[slot];
         xrow[nt] = reinterpret_cast<const uint4*>(p.x + token * p.ld_x);
       } else {
         xrow[nt] = reinterpret_cast<const uint4*>(down_in + slot * ld_in);
