@@ -81,17 +81,11 @@ __global__ void __launch_bounds__(kThreads) MlaCombineProjectKernel(MlaCombinePr
     }
     __syncthreads();
     float4 acc = zero;
-    auto add = [&acc](float w, float4 v) {
-      acc.x = fmaf(w, v.x, acc.x);
-      acc.y = fmaf(w, v.y, acc.y);
-      acc.z = fmaf(w, v.z, acc.z);
-      acc.w = fmaf(w, v.w, acc.w);
-    };
 #pragma unroll
     for (int k = 0; k < kFirst; ++k) {
       const int s = half + 2 * k;
       const float w = s < ns ? weight[s] : 0.f;
-      add(w, w != 0.f ? first[k] : zero);
+      mla_detail::AddScaled(acc, w, w != 0.f ? first[k] : zero);
     }
     // Splits past 2 * kFirst, 8 loads in flight, only those of nonzero weight read.
     for (int s0 = half + 2 * kFirst; s0 < ns; s0 += 16) {
@@ -104,7 +98,7 @@ __global__ void __launch_bounds__(kThreads) MlaCombineProjectKernel(MlaCombinePr
         v[k] = ws[k] != 0.f ? o[s * split_stride] : zero;
       }
 #pragma unroll
-      for (int k = 0; k < 8; ++k) add(ws[k], v[k]);
+      for (int k = 0; k < 8; ++k) mla_detail::AddScaled(acc, ws[k], v[k]);
     }
     if (half == 1) half_sum[col] = acc;
     __syncthreads();

@@ -50,12 +50,7 @@ __global__ void __launch_bounds__(kCombineThreads) MlaDecodeCombineKernel(MlaDec
   for (int j = 0; j < 4; ++j) acc[j] = zero;
   auto add = [&](float w, const float4(&v)[4]) {
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      acc[j].x += w * v[j].x;
-      acc[j].y += w * v[j].y;
-      acc[j].z += w * v[j].z;
-      acc[j].w += w * v[j].w;
-    }
+    for (int j = 0; j < 4; ++j) AddScaled(acc[j], w, v[j]);
   };
   for (int s = warp; s < ns; s += 2 * kCombineWarps) {
     const int t = s + kCombineWarps;

@@ -10,6 +10,14 @@ namespace strata::kernels::mla_detail {
 
 static_assert(kMlaMaxSplits % 32 == 0, "a lane holds kMlaMaxSplits / 32 splits");
 
+// acc += w * v, column by column (one fused multiply-add each): a split's weighted partial.
+__device__ __forceinline__ void AddScaled(float4& acc, float w, float4 v) {
+  acc.x = fmaf(w, v.x, acc.x);
+  acc.y = fmaf(w, v.y, acc.y);
+  acc.z = fmaf(w, v.z, acc.z);
+  acc.w = fmaf(w, v.w, acc.w);
+}
+
 // Called by all 32 lanes of one warp. Split s < ns (ns <= kMlaMaxSplits) of one (sequence, head)
 // has its lse at lse_in[s * stride]; lane l takes splits l, l + 32. Writes weight[s] =
 // e^(lse_s - lse) for s < ns (all 0 when every split is empty, lse -inf) and returns the merged
