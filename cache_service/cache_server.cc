@@ -1,7 +1,6 @@
 #include "cache_service/cache_server.h"
 
-#include <grpcpp/ext/proto_server_reflection_plugin.h>
-
+#include "common/grpc_server.h"
 #include "common/host.h"
 #include "common/status.h"
 #include "spdlog/spdlog.h"
@@ -62,22 +61,10 @@ absl::Status CacheServer::Start() {
                          .cluster_secret = options_.cluster_secret,
                          .admin_token = options_.admin_token,
                          .client_id = StrCat(options_.store.server_id, "-drain")});
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort(options_.listen, grpc::InsecureServerCredentials(), &grpc_port_);
-  builder.RegisterService(control_.get());
-  builder.RegisterService(admin_.get());
-  builder.SetMaxReceiveMessageSize(64 << 20);
-  server_ = builder.BuildAndStart();
-  if (server_ == nullptr || grpc_port_ == 0) {
-    return absl::UnavailableError(StrCat("cannot listen for gRPC on ", options_.listen));
-  }
+  ASSIGN_OR_RETURN(server_,
+                   StartGrpcServer(options_.listen, {control_.get(), admin_.get()}, &grpc_port_));
   if (!options_.http_listen.empty()) {
-    ASSIGN_OR_RETURN(auto hp, ParseHostPort(options_.http_listen));
-    http_ = std::make_unique<HttpListener>(
-        HttpListener::Options{.address = hp.first, .port = hp.second});
-    AddDiagnosticsRoutes(*http_, MetricsRegistry::Default(), [] { return absl::OkStatus(); });
-    RETURN_IF_ERROR(http_->Start());
+    ASSIGN_OR_RETURN(http_, StartDiagnosticsListener(options_.http_listen));
   }
   spdlog::info("cache server {} serving gRPC on port {}, http on port {}", options_.store.server_id,
                grpc_port_, http_port());

@@ -11,6 +11,7 @@
 #include <optional>
 #include <thread>
 
+#include "common/status.h"
 #include "common/strings.h"
 
 namespace strata {
@@ -263,6 +264,16 @@ void AddDiagnosticsRoutes(HttpListener& listener, MetricsRegistry& registry,
     }
     return r;
   });
+}
+
+absl::StatusOr<std::unique_ptr<HttpListener>> StartDiagnosticsListener(
+    std::string_view address, std::function<absl::Status()> health) {
+  ASSIGN_OR_RETURN(auto hp, ParseHostPort(address));
+  auto http =
+      std::make_unique<HttpListener>(HttpListener::Options{.address = hp.first, .port = hp.second});
+  AddDiagnosticsRoutes(*http, MetricsRegistry::Default(), std::move(health));
+  RETURN_IF_ERROR(http->Start());
+  return http;
 }
 
 }  // namespace strata

@@ -1,10 +1,9 @@
 #include "compute_nodes/worker/worker_server.h"
 
-#include <grpcpp/ext/proto_server_reflection_plugin.h>
-
 #include <filesystem>
 
 #include "common/block_format.h"
+#include "common/grpc_server.h"
 #include "common/host.h"
 #include "common/metrics.h"
 #include "common/status.h"
@@ -88,21 +87,9 @@ absl::Status WorkerServer::Start() {
                                    .fingerprint = fingerprint,
                                    .format = format,
                                    .tokenizer = tokenizer_.get()});
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort(options_.listen, grpc::InsecureServerCredentials(), &grpc_port_);
-  builder.RegisterService(service_.get());
-  builder.SetMaxReceiveMessageSize(64 << 20);
-  server_ = builder.BuildAndStart();
-  if (server_ == nullptr || grpc_port_ == 0) {
-    return absl::UnavailableError(StrCat("cannot listen for gRPC on ", options_.listen));
-  }
+  ASSIGN_OR_RETURN(server_, StartGrpcServer(options_.listen, {service_.get()}, &grpc_port_));
   if (!options_.http_listen.empty()) {
-    ASSIGN_OR_RETURN(auto hp, ParseHostPort(options_.http_listen));
-    http_ = std::make_unique<HttpListener>(
-        HttpListener::Options{.address = hp.first, .port = hp.second});
-    AddDiagnosticsRoutes(*http_, MetricsRegistry::Default(), [] { return absl::OkStatus(); });
-    RETURN_IF_ERROR(http_->Start());
+    ASSIGN_OR_RETURN(http_, StartDiagnosticsListener(options_.http_listen));
   }
   if (!options_.scheduler_address.empty()) {
     v1::NodeInfo node;

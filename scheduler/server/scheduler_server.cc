@@ -2,6 +2,7 @@
 
 #include <filesystem>
 
+#include "common/grpc_server.h"
 #include "common/http_listener.h"
 #include "common/status.h"
 #include "common/strings.h"
@@ -37,15 +38,8 @@ absl::Status SchedulerServer::Start() {
 
   admin_ =
       std::make_unique<SchedulerAdminService>(scheduler_.get(), &directory_, options_.admin_token);
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort(options_.listen, grpc::InsecureServerCredentials(), &grpc_port_);
-  builder.RegisterService(service_.get());
-  builder.RegisterService(admin_.get());
-  builder.SetMaxReceiveMessageSize(64 << 20);
-  server_ = builder.BuildAndStart();
-  if (server_ == nullptr || grpc_port_ == 0) {
-    return absl::UnavailableError(StrCat("cannot listen for gRPC on ", options_.listen));
-  }
+  ASSIGN_OR_RETURN(server_,
+                   StartGrpcServer(options_.listen, {service_.get(), admin_.get()}, &grpc_port_));
 
   backend_ = std::make_unique<WorkerBackend>(
       scheduler_.get(), &directory_, &channels_,

@@ -1,6 +1,7 @@
 // The Scheduler and SchedulerAdmin gRPC services of a SchedulerServer, driven over loopback as
 // workers and operators call them: registration (and its refusals), heartbeats, re-registration
 // after a restart, liveness, KV events pushed by a node, and the admin calls with their token.
+#include <gmock/gmock.h>
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
@@ -10,6 +11,7 @@
 #include "common/paths.h"
 #include "scheduler/server/scheduler_server.h"
 #include "strata/v1/scheduler.grpc.pb.h"
+#include "tests/common/grpc_reflection_client.h"
 
 namespace strata::scheduler {
 namespace {
@@ -129,6 +131,15 @@ TEST_F(SchedulerServiceTest, RegisterHeartbeatAndRefusals) {
   EXPECT_EQ(list.nodes(0).load().queued_requests(), 7u);
   EXPECT_TRUE(list.nodes(0).alive());
   EXPECT_EQ(list.policy(), "strata");
+}
+
+// Operators reach the admin API with grpcurl, which needs server reflection (as on the cache and
+// worker daemons).
+TEST_F(SchedulerServiceTest, ListsItsServicesThroughReflection) {
+  absl::StatusOr<std::vector<std::string>> names =
+      grpc_test::ListGrpcServices("127.0.0.1:" + std::to_string(server_->grpc_port()));
+  ASSERT_TRUE(names.ok()) << names.status();
+  EXPECT_THAT(*names, ::testing::IsSupersetOf({"strata.v1.Scheduler", "strata.v1.SchedulerAdmin"}));
 }
 
 TEST_F(SchedulerServiceTest, ANodeThatStopsHeartbeatingIsMarkedDead) {
