@@ -11,6 +11,7 @@
 #include <string>
 
 #include "absl/container/flat_hash_map.h"
+#include "common/grpc_server.h"
 
 namespace strata::scheduler {
 
@@ -21,7 +22,7 @@ class ChannelPool {
     auto& channel = channels_[address];
     if (channel == nullptr) {
       grpc::ChannelArguments args;
-      args.SetMaxReceiveMessageSize(64 << 20);
+      args.SetMaxReceiveMessageSize(kMaxGrpcMessageBytes);  // what the servers accept
       // Reconnect quickly after a peer restarts (the default backoff grows to minutes).
       args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
       channel = grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
