@@ -266,12 +266,11 @@ void AddDiagnosticsRoutes(HttpListener& listener, MetricsRegistry& registry,
   });
 }
 
-absl::StatusOr<std::unique_ptr<HttpListener>> StartDiagnosticsListener(
-    std::string_view address, std::function<absl::Status()> health) {
+absl::StatusOr<std::unique_ptr<HttpListener>> StartDiagnosticsListener(std::string_view address) {
   ASSIGN_OR_RETURN(auto hp, ParseHostPort(address));
   auto http =
       std::make_unique<HttpListener>(HttpListener::Options{.address = hp.first, .port = hp.second});
-  AddDiagnosticsRoutes(*http, MetricsRegistry::Default(), std::move(health));
+  AddDiagnosticsRoutes(*http, MetricsRegistry::Default(), /*health=*/nullptr);
   RETURN_IF_ERROR(http->Start());
   return http;
 }

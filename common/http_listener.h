@@ -78,10 +78,9 @@ class HttpListener {
 void AddDiagnosticsRoutes(HttpListener& listener, MetricsRegistry& registry,
                           std::function<absl::Status()> health);
 
-// A started listener on `address` ("host:port") with only the diagnostics routes, over the default
-// registry: the cache and worker daemons' HTTP side. `health` empty: always healthy.
-absl::StatusOr<std::unique_ptr<HttpListener>> StartDiagnosticsListener(
-    std::string_view address, std::function<absl::Status()> health = {});
+// A started listener on `address` ("host:port") with only the diagnostics routes over the default
+// registry, /healthz always "ok": the cache and worker daemons' HTTP side.
+absl::StatusOr<std::unique_ptr<HttpListener>> StartDiagnosticsListener(std::string_view address);
 
 // Splits "host:port" ("[::1]:80" for IPv6). InvalidArgument when malformed.
 absl::StatusOr<std::pair<std::string, uint16_t>> ParseHostPort(std::string_view address);
